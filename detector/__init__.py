@@ -1,0 +1,1 @@
+"""otel-eacgm detector: OTLP gRPC service scoring telemetry windows with a Gaussian Mixture Model."""

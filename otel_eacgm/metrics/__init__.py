@@ -1,0 +1,1 @@
+"""Agent metrics: call statistics, NVML GPU counters, network counters."""

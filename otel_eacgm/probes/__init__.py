@@ -1,0 +1,1 @@
+"""Probe catalog, library and symbol resolution, process discovery."""
