@@ -1,0 +1,81 @@
+/* Event records shared by the BPF programs (calls.bpf.c) and the agent (otel_eacgm/events.py).
+ * The only header both sides read: structs and constants, nothing else. Every struct starts
+ * with a type byte and has explicit padding so that its layout is the same for clang -target
+ * bpf and for x86-64 ctypes; tests/test_events.py checks the sizes.
+ */
+#ifndef EACGM_EVENTS_H
+#define EACGM_EVENTS_H
+
+#define EACGM_MAX_ARGS 10   /* 6 register arguments + 4 stack slots (x86-64 SysV) */
+#define EACGM_DEREF_BYTES 40 /* cudaLaunchConfig_t / CUlaunchConfig up to the stream field */
+#define EACGM_STR_BYTES 256  /* kernel names are long mangled C++ names */
+#define EACGM_PATH_BYTES 256
+#define EACGM_MAX_DEPTH 16   /* traced calls nested on one thread */
+
+enum eacgm_event_type {
+	EACGM_EVENT_CALL = 1,      /* struct call_event */
+	EACGM_EVENT_CALL_STR = 2,  /* struct call_str_event */
+	EACGM_EVENT_LIB_OPEN = 3,  /* struct lib_open_event */
+	EACGM_EVENT_THREAD_EXIT = 4, /* struct thread_exit_event */
+};
+
+enum eacgm_call_flags {
+	EACGM_FLAG_RETURNED = 1,   /* exit_ns and ret are real (uprobe + uretprobe) */
+	EACGM_FLAG_INCOMPLETE = 2, /* the thread exited before the call returned (set by the agent) */
+	EACGM_FLAG_DEREF = 4,      /* deref holds the struct an argument pointed to */
+	EACGM_FLAG_OUT = 8,        /* out_value holds *args[out_arg] read at return */
+};
+
+struct call_event {
+	__u8 type;
+	__u8 flags;
+	__u16 probe_id;     /* row of the agent's probe catalog */
+	__u32 pid;          /* tgid */
+	__u32 tid;
+	__u32 cpu;
+	__u32 depth;        /* traced calls open on this thread below this one */
+	__u32 pad0;
+	__u64 call_id;      /* unique for the agent's lifetime, never 0 */
+	__u64 parent_id;    /* 0 when the call is outermost on its thread */
+	__u64 root_id;      /* call_id of the outermost open call on the thread */
+	__u64 entry_ns;     /* CLOCK_MONOTONIC */
+	__u64 exit_ns;      /* == entry_ns for entry-only probes */
+	__s64 ret;
+	__u64 out_value;
+	__u64 args[EACGM_MAX_ARGS];
+	__u8 deref[EACGM_DEREF_BYTES];
+};
+
+struct call_str_event {
+	struct call_event call;
+	char str[EACGM_STR_BYTES]; /* the probe's string argument, NUL-terminated */
+};
+
+struct lib_open_event {
+	__u8 type;
+	__u8 gated;         /* 1: the process was stopped and waits for SIGCONT */
+	__u16 pad0;
+	__u32 pid;
+	char path[EACGM_PATH_BYTES];
+};
+
+/* A thread exited with `depth` traced calls still open (frames left in the inflight map). */
+struct thread_exit_event {
+	__u8 type;
+	__u8 pad0[3];
+	__u32 pid;
+	__u32 tid;
+	__u32 depth;
+	__u64 exit_ns;
+};
+
+/* Per-probe settings written by the agent into the probe_conf array. */
+struct probe_conf {
+	__u8 has_return;
+	__u8 pad0[3];
+	__s32 deref_arg;    /* -1: none (32-bit: BCC's map type decoder has no signed char) */
+	__s32 out_arg;      /* -1: none */
+	__s32 str_arg;      /* -1: none */
+};
+
+#endif

@@ -1,0 +1,236 @@
+"""The detector's model: a Gaussian Mixture on standardized window features.
+
+``GMMDetector`` is a scikit-learn outlier detector. ``score_samples`` is the per-window
+log-likelihood (higher = more normal); ``decision_function`` is the score minus the
+label-free threshold ``offset_`` (negative = anomalous); ``predict`` gives +1 (inlier) or
+-1 (outlier). Missing values (NaN) are imputed with the training median, because a
+feature that is absent in one window (no calls of a function, a gauge not reported) should
+not look like an extreme value.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+from sklearn.base import BaseEstimator, OutlierMixin
+from sklearn.mixture import GaussianMixture
+from sklearn.utils.validation import check_is_fitted, check_random_state, validate_data
+
+from eacgm_detector.threshold import pot_threshold, quantile_threshold
+
+COVARIANCE_TYPES = ("full", "tied", "diag", "spherical")
+THRESHOLD_METHODS = ("pot", "quantile")
+
+#: Features whose training standard deviation is below this are treated as constant: they
+#: are centred but not scaled, and ``reg_covar`` bounds their variance from below.
+_CONSTANT_STD = 1e-12
+
+
+class GMMDetector(OutlierMixin, BaseEstimator):
+    """Gaussian Mixture anomaly detector with BIC-chosen size and a label-free threshold.
+
+    Parameters
+    ----------
+    max_components : int, default=8
+        Cap on the number of mixture components; BIC chooses within ``1..max_components``.
+    covariance_type : {"full", "tied", "diag", "spherical"}, default="full"
+    reg_covar : float, default=1e-3
+        Added to covariance diagonals in standardized units, so constant or nearly constant
+        features get a finite variance instead of a singular matrix.
+    threshold_method : {"pot", "quantile"}, default="pot"
+        Extreme-value (Peaks-Over-Threshold) fit or empirical quantile of held-out scores.
+    threshold_risk : float, default=1e-3
+        Target fraction of normal windows flagged.
+    n_folds : int, default=5
+        Folds for out-of-fold (held-out) scores that set the threshold and check BIC's choice.
+    n_init : int, default=1
+    max_iter : int, default=200
+    random_state : int, RandomState or None, default=None
+
+    Attributes
+    ----------
+    n_components_ : int
+    bic_ : ndarray of shape (n_tried,)
+        BIC for ``1..n_tried`` components on the first fold's training part.
+    holdout_log_likelihood_ : ndarray of shape (n_tried,)
+        Mean log-likelihood of the first fold's held-out windows, per tried size.
+    threshold_ : float
+        Log-likelihood threshold; ``offset_`` is the same value (sklearn's name).
+    threshold_method_ : str
+        The rule that produced it ("pot" or "quantile" when POT had too few excesses).
+    center_, scale_, fill_ : ndarray of shape (n_features,)
+        Standardization and median imputation learned from training windows.
+    mixture_ : GaussianMixture
+    n_iter_ : int
+        EM iterations of the final fit.
+    """
+
+    def __init__(
+        self,
+        max_components: int = 8,
+        *,
+        covariance_type: str = "full",
+        reg_covar: float = 1e-3,
+        threshold_method: str = "pot",
+        threshold_risk: float = 1e-3,
+        n_folds: int = 5,
+        n_init: int = 1,
+        max_iter: int = 200,
+        random_state=None,
+    ) -> None:
+        self.max_components = max_components
+        self.covariance_type = covariance_type
+        self.reg_covar = reg_covar
+        self.threshold_method = threshold_method
+        self.threshold_risk = threshold_risk
+        self.n_folds = n_folds
+        self.n_init = n_init
+        self.max_iter = max_iter
+        self.random_state = random_state
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.allow_nan = True
+        return tags
+
+    def _check_params(self) -> None:
+        if not isinstance(self.max_components, (int, np.integer)) or self.max_components < 1:
+            raise ValueError(f"max_components={self.max_components!r}: expected an integer >= 1")
+        if self.covariance_type not in COVARIANCE_TYPES:
+            raise ValueError(
+                f"covariance_type={self.covariance_type!r}: expected one of {COVARIANCE_TYPES}"
+            )
+        if not self.reg_covar > 0:
+            raise ValueError(f"reg_covar={self.reg_covar!r}: expected a float > 0")
+        if self.threshold_method not in THRESHOLD_METHODS:
+            raise ValueError(
+                f"threshold_method={self.threshold_method!r}: expected one of {THRESHOLD_METHODS}"
+            )
+        if not 0 < self.threshold_risk < 1:
+            raise ValueError(f"threshold_risk={self.threshold_risk!r}: expected 0 < risk < 1")
+        if not isinstance(self.n_folds, (int, np.integer)) or self.n_folds < 2:
+            raise ValueError(f"n_folds={self.n_folds!r}: expected an integer >= 2")
+
+    def _mixture(self, k: int, seed: int) -> GaussianMixture:
+        return GaussianMixture(
+            n_components=k,
+            covariance_type=self.covariance_type,
+            reg_covar=self.reg_covar,
+            n_init=self.n_init,
+            max_iter=self.max_iter,
+            random_state=seed,
+        )
+
+    def fit(self, X, y=None):
+        """Fit on windows assumed mostly normal.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            Window features; NaN marks a missing value.
+        y : ignored
+        """
+        self._check_params()
+        X = validate_data(self, X, dtype=np.float64, ensure_all_finite="allow-nan",
+                          ensure_min_samples=2)
+        rng = check_random_state(self.random_state)
+        seed = int(rng.randint(np.iinfo(np.int32).max))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns
+            fill = np.nanmedian(X, axis=0)
+        self.fill_ = np.where(np.isfinite(fill), fill, 0.0)
+        X = np.where(np.isnan(X), self.fill_, X)
+        self.center_ = X.mean(axis=0)
+        std = X.std(axis=0)
+        self.scale_ = np.where(std > _CONSTANT_STD, std, 1.0)
+        Z = (X - self.center_) / self.scale_
+
+        n = Z.shape[0]
+        folds = np.array_split(rng.permutation(n), min(self.n_folds, n))
+        hold0 = folds[0]
+        train0 = np.setdiff1d(np.arange(n), hold0)
+        bic, hold_ll, fitted = [], [], []
+        for k in range(1, min(self.max_components, train0.size) + 1):
+            gm = self._mixture(k, seed).fit(Z[train0])
+            bic.append(gm.bic(Z[train0]))
+            hold_ll.append(gm.score(Z[hold0]))
+            fitted.append(gm)
+            # BIC rising twice in a row: larger mixtures will not win, stop paying for them.
+            if len(bic) >= 3 and bic[-1] > bic[-2] > bic[-3]:
+                break
+        self.bic_ = np.asarray(bic)
+        self.holdout_log_likelihood_ = np.asarray(hold_ll)
+        best = int(np.argmin(self.bic_))
+        # BIC's pick must generalise: if a smaller mixture scores held-out windows clearly
+        # better, it overfitted, and the held-out winner is taken instead.
+        if self.holdout_log_likelihood_[best] < self.holdout_log_likelihood_.max() - 1.0:
+            best = int(np.argmax(self.holdout_log_likelihood_))
+        self.n_components_ = best + 1
+
+        oof = np.empty(n)
+        oof[hold0] = fitted[best].score_samples(Z[hold0])
+        for hold in folds[1:]:
+            train = np.setdiff1d(np.arange(n), hold)
+            k = min(self.n_components_, train.size)
+            oof[hold] = self._mixture(k, seed).fit(Z[train]).score_samples(Z[hold])
+        self.mixture_ = self._mixture(self.n_components_, seed).fit(Z)
+        self.n_iter_ = self.mixture_.n_iter_
+        if self.threshold_method == "pot":
+            self.threshold_, self.threshold_method_ = pot_threshold(oof, self.threshold_risk)
+        else:
+            self.threshold_ = quantile_threshold(oof, self.threshold_risk)
+            self.threshold_method_ = "quantile"
+        self.offset_ = self.threshold_
+        return self
+
+    def _standardize(self, X) -> np.ndarray:
+        check_is_fitted(self, "mixture_")
+        X = validate_data(self, X, dtype=np.float64, ensure_all_finite="allow-nan", reset=False)
+        X = np.where(np.isnan(X), self.fill_, X)
+        return (X - self.center_) / self.scale_
+
+    def score_samples(self, X) -> np.ndarray:
+        """Log-likelihood of each window in standardized feature space, shape (n_samples,)."""
+        Z = self._standardize(X)
+        return self.mixture_.score_samples(Z)
+
+    def decision_function(self, X) -> np.ndarray:
+        """``score_samples(X) - offset_``: negative for anomalies, shape (n_samples,)."""
+        return self.score_samples(X) - self.offset_
+
+    def predict(self, X) -> np.ndarray:
+        """+1 for normal windows, -1 for anomalies, shape (n_samples,)."""
+        return np.where(self.decision_function(X) >= 0, 1, -1)
+
+    def contributions(self, X) -> np.ndarray:
+        """Per-feature share of each window's unlikeliness, shape (n_samples, n_features).
+
+        For the component that best explains the window, feature ``j`` gets its squared
+        conditional z-score ``((P (z - mu))_j)^2 / P_jj`` (``P`` the precision matrix):
+        how far the feature is from what the *other* features predict for it. A feature
+        that moved together with its correlated peers scores low; the one that broke the
+        pattern scores high, which is what a person needs to read "latency" or "network".
+        """
+        Z = self._standardize(X)
+        gm = self.mixture_
+        comp = gm.predict(Z)
+        out = np.empty_like(Z)
+        for i, c in enumerate(comp):
+            prec = _precision(gm, int(c))
+            r = prec @ (Z[i] - gm.means_[c])
+            out[i] = r * r / np.diag(prec)
+        return out
+
+
+def _precision(gm: GaussianMixture, c: int) -> np.ndarray:
+    """Precision matrix of component ``c`` for any covariance type."""
+    pc = gm.precisions_cholesky_
+    d = gm.means_.shape[1]
+    if gm.covariance_type == "full":
+        return pc[c] @ pc[c].T
+    if gm.covariance_type == "tied":
+        return pc @ pc.T
+    if gm.covariance_type == "diag":
+        return np.diag(pc[c] ** 2)
+    return np.eye(d) * pc[c] ** 2

@@ -1,0 +1,282 @@
+"""The agent: discover processes and libraries, attach probes, stream call records as spans.
+
+One thread polls the BPF ring buffer and turns records into spans (consumed in the agent's
+process, never in the traced one); the export thread (export.SpanQueue) ships them. Discovery
+runs between polls: a full /proc scan every scan_interval_s, and at once when a traced process
+opens a watched library (the BPF open watch), so a library mapped after start is traced within
+milliseconds, or before its first call when gating is on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.sdk.resources import Resource
+
+from otel_eacgm import __version__
+from otel_eacgm.attach import Attacher
+from otel_eacgm.bpf_loader import CallProgram, ProgramOptions
+from otel_eacgm.clock import EpochClock
+from otel_eacgm.config import AgentConfig
+from otel_eacgm.decoders import DecodeContext
+from otel_eacgm.events import CallEvent, CallFlags, CallStrEvent, LibOpenEvent, Stat, ThreadExitEvent, decode
+from otel_eacgm.export import SpanQueue, meter_provider, metric_exporter, span_exporter
+from otel_eacgm.kernel_names import KernelNames
+from otel_eacgm.probes.catalog import Layer, Role, enabled_rows
+from otel_eacgm.probes.libraries import all_pids, cgroup_pids, family_of, libraries_of, resolve
+from otel_eacgm.resources import process_resource
+from otel_eacgm.spans import SpanBuilder
+
+log = logging.getLogger(__name__)
+
+_RESCAN_DELAYS_S = (0.0, 0.05, 0.3, 1.0)  # after an open: the mmap follows the openat
+
+
+@dataclasses.dataclass
+class Counters:
+    """Self-telemetry: what was captured, exported and lost."""
+
+    calls: int = 0
+    incomplete: int = 0
+    decode_errors: int = 0
+    library_opens: int = 0
+
+
+class Agent:
+    """Runs until stopped (or until the launched command exits)."""
+
+    def __init__(self, cfg: AgentConfig, command: Sequence[str] | None = None, *, dump_bpf: bool = False) -> None:
+        self.cfg = cfg
+        self.command = list(command or [])
+        self.counters = Counters()
+        self._stop = False
+        self._child: subprocess.Popen[bytes] | None = None
+        self._resources: dict[int, Resource] = {}
+        self._host = socket.gethostname()
+        self._pending_scans: list[tuple[float, int]] = []
+        filtering = bool(cfg.pids or cfg.cgroup or self.command)
+        gate = cfg.gate_opens if cfg.gate_opens is not None else bool(self.command)
+        rows = enabled_rows(layers=frozenset(Layer(n) for n in cfg.layers), launch_layer=Layer(cfg.launch_layer))
+        if cfg.launch_returns:
+            rows = [(slot, dataclasses.replace(spec, has_return=True) if spec.role is Role.LAUNCH else spec)
+                    for slot, spec in rows]
+        self.rows = dict(rows)
+        self.program = CallProgram(ProgramOptions(filter_pids=filtering, gate_opens=gate, ringbuf_pages=cfg.ringbuf_pages),
+                                   dump=print if dump_bpf else None)
+        for slot, spec in rows:
+            self.program.configure(slot, spec)
+        self.attacher = Attacher(self.program, rows)
+        self.filtering = filtering
+        self.kernel_names = KernelNames(self.program.symbolize)
+        self.builder = SpanBuilder(self.rows, DecodeContext(self.kernel_names), EpochClock(), self._resource_for)
+        self.queue = SpanQueue(
+            span_exporter(cfg.protocol, cfg.endpoint, cfg.insecure, cfg.export_timeout_s),
+            max_size=cfg.queue_size, batch_size=cfg.batch_size,
+        )
+        self._meters = meter_provider(
+            metric_exporter(cfg.protocol, cfg.endpoint, cfg.insecure, cfg.export_timeout_s),
+            cfg.metrics_interval_s,
+            Resource({"service.name": "otel-eacgm-agent", "host.name": self._host, "process.pid": os.getpid(),
+                      "service.version": __version__}),
+        )
+        self._register_metrics()
+        self.program.open_ring(self._on_record)
+
+    # --- self-telemetry -------------------------------------------------------------------
+    def _register_metrics(self) -> None:
+        meter = self._meters.get_meter("otel-eacgm.agent", __version__)
+
+        def observe(fn):  # noqa: ANN001, ANN202
+            def callback(_options: CallbackOptions) -> list[Observation]:
+                return fn()
+            return [callback]
+
+        meter.create_observable_counter("eacgm.agent.calls", observe(lambda: [Observation(self.counters.calls)]),
+                                        unit="{call}", description="Call records received from the kernel")
+        meter.create_observable_counter(
+            "eacgm.agent.spans.exported", observe(lambda: [Observation(self.queue.exported)]),
+            unit="{span}", description="Spans accepted by the OTLP endpoint")
+        meter.create_observable_counter(
+            "eacgm.agent.dropped", observe(lambda: [
+                Observation(self.queue.dropped, {"eacgm.drop.reason": "export"}),
+                Observation(self.program.stats()[Stat.RINGBUF_DROPS], {"eacgm.drop.reason": "ringbuf"}),
+            ]), unit="{event}", description="Events lost, by reason")
+        meter.create_observable_counter(
+            "eacgm.agent.export.failures", observe(lambda: [Observation(self.queue.export_failures)]),
+            unit="{request}", description="Failed span export requests")
+        meter.create_observable_gauge(
+            "eacgm.agent.probes", observe(lambda: [Observation(self.program.probe_count)]),
+            unit="{probe}", description="Uprobes and uretprobes attached")
+
+    def summary(self) -> str:
+        """One line with every self-telemetry counter."""
+        stats = self.program.stats()
+        return (f"calls={self.counters.calls} exported={self.queue.exported} queued={len(self.queue)} "
+                f"dropped_export={self.queue.dropped} dropped_ringbuf={stats[Stat.RINGBUF_DROPS]} "
+                f"export_failures={self.queue.export_failures} incomplete={self.counters.incomplete} "
+                f"depth_overflow={stats[Stat.DEPTH_OVERFLOW]} unmatched_returns={stats[Stat.UNMATCHED_RETURN]} "
+                f"probes={self.program.probe_count} files={len(self.attacher.files)}")
+
+    # --- resources ------------------------------------------------------------------------
+    def _resource_for(self, pid: int) -> Resource:
+        res = self._resources.get(pid)
+        if res is None:
+            res = self._resources[pid] = process_resource(pid, host_name=self._host)
+        return res
+
+    # --- ring buffer records --------------------------------------------------------------
+    def _on_record(self, data: int, size: int) -> None:
+        try:
+            rec = decode(data, size)
+            if isinstance(rec, CallStrEvent):
+                self._on_call(rec.call, rec.str)
+            elif isinstance(rec, CallEvent):
+                self._on_call(rec, None)
+            elif isinstance(rec, LibOpenEvent):
+                self._on_lib_open(rec)
+            elif isinstance(rec, ThreadExitEvent):
+                self._on_thread_exit(rec)
+        except Exception:  # one bad record must not stop the capture loop
+            self.counters.decode_errors += 1
+            log.exception("dropping an undecodable ring-buffer record (%d bytes)", size)
+
+    def _on_call(self, ev: CallEvent, string: bytes | None) -> None:
+        self.counters.calls += 1
+        self._resource_for(ev.pid)
+        self.queue.put(self.builder.build(ev, string))
+
+    def _on_thread_exit(self, rec: ThreadExitEvent) -> None:
+        for ev in self.program.pop_frames(rec.pid, rec.tid, rec.depth):
+            ev.flags |= CallFlags.INCOMPLETE
+            ev.exit_ns = rec.exit_ns
+            self.counters.incomplete += 1
+            self._on_call(ev, None)
+
+    def _on_lib_open(self, rec: LibOpenEvent) -> None:
+        self.counters.library_opens += 1
+        pid = rec.pid
+        self._resource_for(pid)
+        path = rec.path.decode(errors="replace")
+        if not path.startswith("/"):
+            try:
+                path = os.path.join(os.readlink(f"/proc/{pid}/cwd"), path)
+            except OSError:
+                pass
+        family = family_of(path)
+        if family is not None:
+            lib = resolve(pid, os.path.normpath(path), family)
+            if lib is not None:
+                self.attacher.ensure(lib)
+        if rec.gated:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        now = time.monotonic()
+        self._pending_scans.extend((now + d, pid) for d in _RESCAN_DELAYS_S)
+
+    # --- discovery ------------------------------------------------------------------------
+    def _candidate_pids(self) -> set[int]:
+        if not self.filtering:
+            return set(all_pids())
+        if self.cfg.cgroup:
+            for pid in cgroup_pids(Path(self.cfg.cgroup)) - self.program.targets():
+                self.program.add_target(pid)
+        return self.program.targets()
+
+    def _scan(self, pids: set[int]) -> None:
+        me = os.getpid()
+        for pid in pids:
+            if pid == me:
+                continue
+            libs = libraries_of(pid)
+            if libs:
+                self._resource_for(pid)
+            for lib in libs:
+                self.attacher.ensure(lib)
+
+    def _prune(self) -> None:
+        for pid in [p for p in self._resources if not os.path.exists(f"/proc/{p}")]:
+            del self._resources[pid]
+            self.kernel_names.forget(pid)
+
+    # --- lifecycle ------------------------------------------------------------------------
+    def _launch(self) -> None:
+        # The child waits on a pipe until its pid is a target, so its very first call is traced.
+        r, w = os.pipe()
+        waiter = f"import os, sys; os.read({r}, 1); os.close({r}); os.execvp(sys.argv[1], sys.argv[1:])"
+        self._child = subprocess.Popen([sys.executable, "-S", "-c", waiter, *self.command], pass_fds=(r,))
+        os.close(r)
+        self.program.add_target(self._child.pid)
+        self._resource_for(self._child.pid)
+        os.write(w, b"go\n")
+        os.close(w)
+        log.info("launched pid %d: %s", self._child.pid, " ".join(self.command))
+
+    def stop(self, *_args: object) -> None:
+        """Ask the loop to finish (signal handler)."""
+        self._stop = True
+
+    def _forward(self, signum: int, _frame: object) -> None:
+        if self._child is not None and self._child.poll() is None:
+            self._child.send_signal(signum)
+
+    def run(self) -> int:
+        """Capture until stopped; returns the exit status (the command's, when launched)."""
+        for pid in self.cfg.pids:
+            if not os.path.exists(f"/proc/{pid}"):
+                log.warning("pid %d does not exist (yet); it will be traced if it appears", pid)
+            self.program.add_target(pid)
+        if self.command:
+            signal.signal(signal.SIGINT, self._forward)
+            signal.signal(signal.SIGTERM, self._forward)
+        else:
+            signal.signal(signal.SIGINT, self.stop)
+            signal.signal(signal.SIGTERM, self.stop)
+        self._scan(self._candidate_pids())
+        log.info("ready: %d probes on %d files, layers %s, launches at %s; %s", self.program.probe_count,
+                 len(self.attacher.files), ",".join(self.cfg.layers), self.cfg.launch_layer,
+                 "targets " + (",".join(map(str, self.cfg.pids)) or self.cfg.cgroup or "command") if self.filtering else "all processes")
+        if self.command:
+            self._launch()
+        next_scan = next_log = time.monotonic()
+        while not self._stop:
+            self.program.poll(100)
+            now = time.monotonic()
+            due = [pid for t, pid in self._pending_scans if t <= now]
+            if due:
+                self._pending_scans = [(t, pid) for t, pid in self._pending_scans if t > now]
+                self._scan(set(due))
+            if now >= next_scan:
+                next_scan = now + self.cfg.scan_interval_s
+                self._scan(self._candidate_pids())
+                self._prune()
+            if self.cfg.stats_log_interval_s and now >= next_log:
+                next_log = now + self.cfg.stats_log_interval_s
+                log.info("stats: %s", self.summary())
+            if self._child is not None and self._child.poll() is not None:
+                break
+        return self._finish()
+
+    def _finish(self) -> int:
+        # Drain what the kernel still holds (the child's last calls, its thread exits).
+        for _ in range(3):
+            self.program.poll(50)
+        self.queue.close(timeout_s=max(30.0, self.cfg.export_timeout_s * 2))
+        self._meters.shutdown()
+        log.info("done: %s", self.summary())
+        self.program.close()
+        if self._child is None:
+            return 0
+        code = self._child.returncode
+        return 128 - code if code < 0 else code

@@ -1,0 +1,77 @@
+"""`otel-eacgm` command line: agent, doctor, detector."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from otel_eacgm import __version__
+from otel_eacgm.config import ConfigError, load
+
+
+def _agent_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("agent", help="trace CUDA/NCCL calls with eBPF and export OTLP spans",
+                       description="Trace processes with eBPF uprobes; `agent -- CMD ARGS` launches CMD, "
+                                   "traces it and exits with its status once everything is exported.")
+    p.add_argument("--config", help="YAML config file (see examples/agent.yaml)")
+    p.add_argument("--endpoint", help="OTLP endpoint (default: OTEL_EXPORTER_OTLP_ENDPOINT)")
+    p.add_argument("--protocol", choices=["grpc", "http/protobuf"], help="OTLP protocol")
+    p.add_argument("--insecure", action="store_const", const=True, help="gRPC without TLS")
+    p.add_argument("--pid", dest="pids", action="append", type=int, help="trace this process (repeatable)")
+    p.add_argument("--cgroup", help="trace the processes of this cgroup v2 directory")
+    p.add_argument("--layers", help="comma-separated: cuda.runtime,cuda.driver,nccl")
+    p.add_argument("--launch-layer", dest="launch_layer", choices=["cuda.driver", "cuda.runtime"])
+    p.add_argument("--log-level", dest="log_level")
+    p.add_argument("--dump-bpf", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...] to launch and trace")
+
+
+def _run_agent(args: argparse.Namespace) -> int:
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    flags = {k: getattr(args, k) for k in ("endpoint", "protocol", "insecure", "pids", "cgroup", "layers",
+                                          "launch_layer", "log_level")}
+    try:
+        cfg = load(args.config, flags)
+    except ConfigError as exc:
+        print(f"otel-eacgm agent: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s otel-eacgm %(levelname)s %(name)s: %(message)s")
+    from otel_eacgm.agent import Agent
+    from otel_eacgm.bpf_loader import BpfError
+
+    try:
+        agent = Agent(cfg, command, dump_bpf=args.dump_bpf)
+    except (BpfError, PermissionError) as exc:
+        print(f"otel-eacgm agent: {exc}", file=sys.stderr)
+        return 1
+    return agent.run()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `otel-eacgm` console script."""
+    parser = argparse.ArgumentParser(prog="otel-eacgm", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"otel-eacgm {__version__}")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    _agent_parser(sub)
+    d = sub.add_parser("doctor", help="check that this machine can trace, with a fix for each problem")
+    d.add_argument("--json", action="store_true", help="machine-readable output")
+    sub.add_parser("detector", help="the anomaly detector (run `otel-eacgm detector --help`)", add_help=False)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "detector":
+        from eacgm_detector.cli import main as detector_main
+
+        return detector_main(argv[1:])
+    args = parser.parse_args(argv)
+    if args.cmd == "agent":
+        return _run_agent(args)
+    from otel_eacgm.doctor import run_doctor
+
+    return run_doctor(as_json=args.json)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+"""ctypes mirror of bpf/events.h: the records the BPF programs put on the ring buffer.
+
+Kept in one module so that the layout lives in exactly two places (the header and here);
+tests/test_events.py compiles the header and checks every size and offset against these.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+
+MAX_ARGS = 10
+DEREF_BYTES = 40
+STR_BYTES = 256
+PATH_BYTES = 256
+MAX_DEPTH = 16
+
+
+class EventType(enum.IntEnum):
+    """First byte of every ring-buffer record."""
+
+    CALL = 1
+    CALL_STR = 2
+    LIB_OPEN = 3
+    THREAD_EXIT = 4
+
+
+class CallFlags(enum.IntFlag):
+    """`call_event.flags` bits."""
+
+    RETURNED = 1
+    INCOMPLETE = 2
+    DEREF = 4
+    OUT = 8
+
+
+class Stat(enum.IntEnum):
+    """Indexes of the BPF `stats` array (enum eacgm_stat in calls.bpf.c)."""
+
+    RINGBUF_DROPS = 0
+    DEPTH_OVERFLOW = 1
+    UNMATCHED_RETURN = 2
+    MISMATCHED_RETURN = 3
+    INFLIGHT_FULL = 4
+
+
+class CallEvent(ctypes.Structure):
+    """One completed (or entry-only) call: struct call_event."""
+
+    _fields_ = [
+        ("type", ctypes.c_uint8),
+        ("flags", ctypes.c_uint8),
+        ("probe_id", ctypes.c_uint16),
+        ("pid", ctypes.c_uint32),
+        ("tid", ctypes.c_uint32),
+        ("cpu", ctypes.c_uint32),
+        ("depth", ctypes.c_uint32),
+        ("pad0", ctypes.c_uint32),
+        ("call_id", ctypes.c_uint64),
+        ("parent_id", ctypes.c_uint64),
+        ("root_id", ctypes.c_uint64),
+        ("entry_ns", ctypes.c_uint64),
+        ("exit_ns", ctypes.c_uint64),
+        ("ret", ctypes.c_int64),
+        ("out_value", ctypes.c_uint64),
+        ("args", ctypes.c_uint64 * MAX_ARGS),
+        ("deref", ctypes.c_uint8 * DEREF_BYTES),
+    ]
+
+
+class CallStrEvent(ctypes.Structure):
+    """A call whose catalog row captures a string argument: struct call_str_event."""
+
+    _fields_ = [("call", CallEvent), ("str", ctypes.c_char * STR_BYTES)]
+
+
+class LibOpenEvent(ctypes.Structure):
+    """A traced process opened a watched library: struct lib_open_event."""
+
+    _fields_ = [
+        ("type", ctypes.c_uint8),
+        ("gated", ctypes.c_uint8),
+        ("pad0", ctypes.c_uint16),
+        ("pid", ctypes.c_uint32),
+        ("path", ctypes.c_char * PATH_BYTES),
+    ]
+
+
+class ThreadExitEvent(ctypes.Structure):
+    """A thread exited with traced calls still open: struct thread_exit_event."""
+
+    _fields_ = [
+        ("type", ctypes.c_uint8),
+        ("pad0", ctypes.c_uint8 * 3),
+        ("pid", ctypes.c_uint32),
+        ("tid", ctypes.c_uint32),
+        ("depth", ctypes.c_uint32),
+        ("exit_ns", ctypes.c_uint64),
+    ]
+
+
+class ProbeConf(ctypes.Structure):
+    """Per-probe settings in the BPF `probe_conf` array: struct probe_conf."""
+
+    _fields_ = [
+        ("has_return", ctypes.c_uint8),
+        ("pad0", ctypes.c_uint8 * 3),
+        ("deref_arg", ctypes.c_int32),
+        ("out_arg", ctypes.c_int32),
+        ("str_arg", ctypes.c_int32),
+    ]
+
+
+EVENT_STRUCTS: dict[EventType, type[ctypes.Structure]] = {
+    EventType.CALL: CallEvent,
+    EventType.CALL_STR: CallStrEvent,
+    EventType.LIB_OPEN: LibOpenEvent,
+    EventType.THREAD_EXIT: ThreadExitEvent,
+}
+
+
+def decode(data: int, size: int) -> ctypes.Structure:
+    """Copy one ring-buffer record (pointer `data`, `size` bytes) into its typed struct.
+
+    The copy matters: the ring buffer's memory is reused as soon as the callback returns.
+    Raises ValueError for an unknown type byte or a record shorter than its struct.
+    """
+    kind = ctypes.cast(data, ctypes.POINTER(ctypes.c_uint8))[0]
+    try:
+        struct = EVENT_STRUCTS[EventType(kind)]
+    except ValueError:
+        raise ValueError(f"unknown event type byte {kind} (size {size}); expected one of {list(EventType)}") from None
+    if size < ctypes.sizeof(struct):
+        raise ValueError(f"{struct.__name__} record of {size} bytes, expected {ctypes.sizeof(struct)}")
+    out = struct()
+    ctypes.memmove(ctypes.addressof(out), data, ctypes.sizeof(struct))
+    return out

@@ -1,0 +1,150 @@
+"""OTLP export of spans and metrics through the OpenTelemetry SDK's exporters.
+
+Spans are not created through a Tracer: they are built from call records (spans.py) and handed
+to a bounded queue drained by one thread, so memory stays bounded when the collector is slow or
+down and every span is either exported or counted as dropped.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Sequence
+
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import MetricExporter, PeriodicExportingMetricReader
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+log = logging.getLogger(__name__)
+
+PROTOCOLS = ("grpc", "http/protobuf")
+
+
+def span_exporter(protocol: str, endpoint: str | None, insecure: bool | None, timeout_s: float | None) -> SpanExporter:
+    """An OTLP span exporter; None arguments fall back to the standard OTEL_EXPORTER_OTLP_* variables."""
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        return OTLPSpanExporter(endpoint=endpoint, insecure=insecure, timeout=timeout_s)
+    if protocol == "http/protobuf":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+
+        url = f"{endpoint.rstrip('/')}/v1/traces" if endpoint else None
+        return HttpExporter(endpoint=url, timeout=timeout_s)
+    raise ValueError(f"exporter protocol {protocol!r} is not one of {PROTOCOLS}")
+
+
+def metric_exporter(protocol: str, endpoint: str | None, insecure: bool | None, timeout_s: float | None) -> MetricExporter:
+    """An OTLP metric exporter, configured like span_exporter."""
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+
+        return OTLPMetricExporter(endpoint=endpoint, insecure=insecure, timeout=timeout_s)
+    if protocol == "http/protobuf":
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpExporter
+
+        url = f"{endpoint.rstrip('/')}/v1/metrics" if endpoint else None
+        return HttpExporter(endpoint=url, timeout=timeout_s)
+    raise ValueError(f"exporter protocol {protocol!r} is not one of {PROTOCOLS}")
+
+
+def meter_provider(exporter: MetricExporter, interval_s: float, resource: Resource) -> MeterProvider:
+    """A MeterProvider exporting every `interval_s` seconds."""
+    reader = PeriodicExportingMetricReader(exporter, export_interval_millis=interval_s * 1000)
+    return MeterProvider(metric_readers=[reader], resource=resource)
+
+
+class SpanQueue:
+    """Bounded span queue with one export thread; counts what it exports and what it drops.
+
+    A full queue drops the *new* span (the oldest ones are already batched for export) and
+    counts it; a failed export counts its spans as dropped and the queue carries on.
+    """
+
+    def __init__(self, exporter: SpanExporter, *, max_size: int = 65536, batch_size: int = 512,
+                 interval_s: float = 0.5) -> None:
+        if max_size < batch_size or batch_size <= 0:
+            raise ValueError(f"queue max_size {max_size} must be >= batch_size {batch_size} > 0")
+        self._exporter = exporter
+        self._queue: collections.deque[ReadableSpan] = collections.deque()
+        self._max = max_size
+        self._batch = batch_size
+        self._interval = interval_s
+        self._cond = threading.Condition()
+        self._closing = False
+        self.enqueued = 0
+        self.exported = 0
+        self.dropped = 0
+        self.export_failures = 0
+        self._thread = threading.Thread(target=self._run, name="otel-eacgm-export", daemon=True)
+        self._thread.start()
+
+    def put(self, span: ReadableSpan) -> None:
+        """Queue one span (never blocks)."""
+        with self._cond:
+            if len(self._queue) >= self._max:
+                self.dropped += 1
+                return
+            self._queue.append(span)
+            self.enqueued += 1
+            if len(self._queue) >= self._batch:
+                self._cond.notify()
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def _take(self) -> list[ReadableSpan]:
+        n = min(self._batch, len(self._queue))
+        return [self._queue.popleft() for _ in range(n)]
+
+    def _export(self, batch: Sequence[ReadableSpan]) -> None:
+        try:
+            result = self._exporter.export(batch)
+        except Exception:  # an exporter bug must not kill the export thread
+            log.exception("span export raised")
+            result = SpanExportResult.FAILURE
+        if result is SpanExportResult.SUCCESS:
+            self.exported += len(batch)
+        else:
+            self.export_failures += 1
+            self.dropped += len(batch)
+            log.warning("span export failed: %d spans dropped (%d so far)", len(batch), self.dropped)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                if not self._queue and not self._closing:
+                    self._cond.wait(self._interval)
+                elif len(self._queue) < self._batch and not self._closing:
+                    self._cond.wait(self._interval)
+                batch = self._take()
+                closing = self._closing
+            if batch:
+                self._export(batch)
+            elif closing:
+                return
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Export what is queued (up to timeout_s), then shut the exporter down."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+        self._thread.join(timeout_s)
+        with self._cond:
+            if self._queue:
+                self.dropped += len(self._queue)
+                log.warning("shutdown: %d queued spans not exported in %.0fs", len(self._queue), timeout_s)
+                self._queue.clear()
+        self._exporter.shutdown()
+
+
+def wait_drained(queue: SpanQueue, timeout_s: float) -> bool:
+    """Wait until the queue is empty (for flushing before a final report)."""
+    deadline = time.monotonic() + timeout_s
+    while len(queue) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not len(queue)

@@ -1,0 +1,146 @@
+"""The declarative probe catalog: which library function is probed, how, and how it is decoded.
+
+Adding a traced function means adding a row here (and, at most, a decoder in decoders.py).
+Rows are addressed by their index (the BPF probe slot), so rows are only ever appended within
+a family block and the catalog stays below calls.bpf.c's EACGM_PROBE_SLOTS.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+
+class Layer(str, enum.Enum):
+    """`eacgm.layer` values of the C-ABI layers."""
+
+    CUDA_RUNTIME = "cuda.runtime"
+    CUDA_DRIVER = "cuda.driver"
+    NCCL = "nccl"
+
+
+class Family(str, enum.Enum):
+    """Library families, matched against the file names processes map."""
+
+    CUDART = "cudart"
+    CUDA = "cuda"
+    NCCL = "nccl"
+
+
+class Role(str, enum.Enum):
+    """What the agent does with a call besides making a span."""
+
+    CALL = "call"
+    LAUNCH = "launch"            # a kernel launch; which launch layer is traced is configurable
+    NAME_RECORD = "name_record"  # returns a handle for a named kernel (driver name records)
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeSpec:
+    """One traced function.
+
+    ``has_return`` attaches a uretprobe too, for calls whose duration or result matters; pure
+    asynchronous launches are entry-only (one probe hit per launch, see docs/design.md).
+    ``deref_arg`` / ``out_arg`` / ``str_arg`` are argument indexes (0-5 registers, 6-9 stack
+    slots) whose pointee struct is copied at entry, whose pointee word is read at return, or
+    whose C string is copied at return.
+    """
+
+    family: Family
+    layer: Layer
+    symbol: str
+    decoder: str
+    has_return: bool = True
+    role: Role = Role.CALL
+    deref_arg: int = -1
+    out_arg: int = -1
+    str_arg: int = -1
+
+
+def _rt(symbol: str, decoder: str, **kw: object) -> ProbeSpec:
+    return ProbeSpec(Family.CUDART, Layer.CUDA_RUNTIME, symbol, decoder, **kw)  # type: ignore[arg-type]
+
+
+def _drv(symbol: str, decoder: str, **kw: object) -> ProbeSpec:
+    return ProbeSpec(Family.CUDA, Layer.CUDA_DRIVER, symbol, decoder, **kw)  # type: ignore[arg-type]
+
+
+def _nccl(symbol: str, decoder: str, **kw: object) -> ProbeSpec:
+    return ProbeSpec(Family.NCCL, Layer.NCCL, symbol, decoder, **kw)  # type: ignore[arg-type]
+
+
+CATALOG: tuple[ProbeSpec, ...] = (
+    # CUDA runtime (libcudart)
+    _rt("cudaLaunchKernel", "rt_launch", has_return=False, role=Role.LAUNCH),
+    _rt("cudaLaunchKernelExC", "rt_launch_ex", has_return=False, role=Role.LAUNCH, deref_arg=0),
+    _rt("cudaGraphLaunch", "graph_launch"),
+    _rt("cudaMalloc", "malloc", out_arg=0),
+    _rt("cudaMallocAsync", "malloc_async", out_arg=0),
+    _rt("cudaFree", "free"),
+    _rt("cudaFreeAsync", "free_async"),
+    _rt("cudaMemcpy", "memcpy"),
+    _rt("cudaMemcpyAsync", "memcpy_async"),
+    _rt("cudaMemset", "memset"),
+    _rt("cudaMemsetAsync", "memset_async"),
+    _rt("cudaStreamSynchronize", "stream_arg0"),
+    _rt("cudaDeviceSynchronize", "no_args"),
+    _rt("cudaEventSynchronize", "event_sync"),
+    _rt("cudaStreamWaitEvent", "stream_wait_event"),
+    _rt("cudaSetDevice", "set_device"),
+    # CUDA driver (libcuda)
+    _drv("cuLaunchKernel", "drv_launch", has_return=False, role=Role.LAUNCH),
+    _drv("cuLaunchKernelEx", "drv_launch_ex", has_return=False, role=Role.LAUNCH, deref_arg=0),
+    _drv("cuGraphLaunch", "graph_launch"),
+    _drv("cuMemAlloc_v2", "malloc", out_arg=0),
+    _drv("cuMemAllocAsync", "malloc_async", out_arg=0),
+    _drv("cuMemFree_v2", "free"),
+    _drv("cuMemFreeAsync", "free_async"),
+    _drv("cuMemcpyAsync", "drv_memcpy_async"),
+    _drv("cuMemcpyHtoDAsync_v2", "drv_memcpy_async"),
+    _drv("cuMemcpyDtoHAsync_v2", "drv_memcpy_async"),
+    _drv("cuMemcpyDtoDAsync_v2", "drv_memcpy_async"),
+    _drv("cuStreamSynchronize", "stream_arg0"),
+    _drv("cuCtxSynchronize", "no_args"),
+    _drv("cuModuleGetFunction", "name_record", role=Role.NAME_RECORD, out_arg=0, str_arg=2),
+    _drv("cuLibraryGetKernel", "name_record", role=Role.NAME_RECORD, out_arg=0, str_arg=2),
+    _drv("cuKernelGetFunction", "kernel_get_function", role=Role.NAME_RECORD, out_arg=0),
+    # NCCL (libnccl)
+    _nccl("ncclAllReduce", "nccl_allreduce"),
+    _nccl("ncclReduce", "nccl_reduce"),
+    _nccl("ncclBroadcast", "nccl_broadcast"),
+    _nccl("ncclBcast", "nccl_bcast"),
+    _nccl("ncclAllGather", "nccl_allgather"),
+    _nccl("ncclReduceScatter", "nccl_allreduce"),
+    _nccl("ncclAlltoAll", "nccl_alltoall"),
+    _nccl("ncclSend", "nccl_p2p"),
+    _nccl("ncclRecv", "nccl_p2p"),
+    _nccl("ncclGroupStart", "no_args"),
+    _nccl("ncclGroupEnd", "no_args"),
+    _nccl("ncclCommInitRank", "nccl_comm_init", out_arg=0),
+    _nccl("ncclCommInitRankConfig", "nccl_comm_init", out_arg=0),
+    _nccl("ncclCommDestroy", "nccl_comm_arg0"),
+    _nccl("ncclCommAbort", "nccl_comm_arg0"),
+)
+
+MAX_SLOTS = 100  # keep equal to EACGM_PROBE_SLOTS passed by bpf_loader.py
+
+
+def enabled_rows(*, layers: frozenset[Layer], launch_layer: Layer) -> list[tuple[int, ProbeSpec]]:
+    """Catalog rows to attach, with their slots.
+
+    Launches are traced at exactly one layer: every runtime launch reaches cuLaunchKernel(Ex)
+    in the driver, so probing both would cost two probe hits per launch and count it twice.
+    Driver name records are needed only when launches are traced at the driver.
+    """
+    if launch_layer not in (Layer.CUDA_RUNTIME, Layer.CUDA_DRIVER):
+        raise ValueError(f"launch_layer {launch_layer.value!r} must be cuda.runtime or cuda.driver")
+    rows = []
+    for slot, spec in enumerate(CATALOG):
+        if spec.layer not in layers:
+            continue
+        if spec.role is Role.LAUNCH and spec.layer is not launch_layer:
+            continue
+        if spec.role is Role.NAME_RECORD and launch_layer is not Layer.CUDA_DRIVER:
+            continue
+        rows.append((slot, spec))
+    return rows

@@ -1,0 +1,116 @@
+"""An OTLP gRPC receiver that keeps what it receives, for tests to query.
+
+It is the end of the real pipeline in the tests (agent -> real Collector -> this store), in
+place of a backend: the contrib file exporter cannot be built from the Go proxy here.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent import futures
+
+import grpc
+from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+
+
+def any_value(v: AnyValue) -> object:
+    """Python value of an OTLP AnyValue."""
+    kind = v.WhichOneof("value")
+    if kind == "array_value":
+        return [any_value(x) for x in v.array_value.values]
+    if kind == "kvlist_value":
+        return {kv.key: any_value(kv.value) for kv in v.kvlist_value.values}
+    return getattr(v, kind) if kind else None
+
+
+def attrs(kvs) -> dict[str, object]:  # noqa: ANN001 - repeated KeyValue
+    """Dict of an OTLP attribute list."""
+    return {kv.key: any_value(kv.value) for kv in kvs}
+
+
+class Store(trace_service_pb2_grpc.TraceServiceServicer, metrics_service_pb2_grpc.MetricsServiceServicer,
+            logs_service_pb2_grpc.LogsServiceServicer):
+    """Servicer for the three OTLP services plus query helpers."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.traces: list[trace_service_pb2.ExportTraceServiceRequest] = []
+        self.metrics: list[metrics_service_pb2.ExportMetricsServiceRequest] = []
+        self.logs: list[logs_service_pb2.ExportLogsServiceRequest] = []
+
+    def Export(self, request, context):  # noqa: N802, ANN001, ANN201 - gRPC naming
+        with self._lock:
+            if isinstance(request, trace_service_pb2.ExportTraceServiceRequest):
+                self.traces.append(request)
+                return trace_service_pb2.ExportTraceServiceResponse()
+            if isinstance(request, metrics_service_pb2.ExportMetricsServiceRequest):
+                self.metrics.append(request)
+                return metrics_service_pb2.ExportMetricsServiceResponse()
+            self.logs.append(request)
+            return logs_service_pb2.ExportLogsServiceResponse()
+
+    def spans(self) -> list[dict]:
+        """Every received span as a dict with its resource attributes."""
+        out = []
+        with self._lock:
+            for req in self.traces:
+                for rs in req.resource_spans:
+                    res = attrs(rs.resource.attributes)
+                    for ss in rs.scope_spans:
+                        for s in ss.spans:
+                            out.append({
+                                "name": s.name, "trace_id": s.trace_id.hex(), "span_id": s.span_id.hex(),
+                                "parent_span_id": s.parent_span_id.hex(), "start": s.start_time_unix_nano,
+                                "end": s.end_time_unix_nano, "attributes": attrs(s.attributes),
+                                "status_code": s.status.code, "status_message": s.status.message,
+                                "resource": res, "scope": ss.scope.name,
+                            })
+        return out
+
+    def metric_points(self) -> list[dict]:
+        """Every received metric data point as {name, resource, attributes, value}."""
+        out = []
+        with self._lock:
+            for req in self.metrics:
+                for rm in req.resource_metrics:
+                    res = attrs(rm.resource.attributes)
+                    for sm in rm.scope_metrics:
+                        for m in sm.metrics:
+                            kind = m.WhichOneof("data")
+                            for p in getattr(m, kind).data_points:
+                                value = (p.as_int if p.WhichOneof("value") == "as_int" else p.as_double) \
+                                    if kind in ("sum", "gauge") else {"count": p.count, "sum": p.sum}
+                                out.append({"name": m.name, "resource": res, "attributes": attrs(p.attributes),
+                                            "value": value, "time": p.time_unix_nano})
+        return out
+
+    def wait_for(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
+        """Poll `predicate` until true or timeout."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if predicate():
+                return True
+            time.sleep(0.1)
+        return predicate()
+
+
+def serve(port: int = 0) -> tuple[grpc.Server, Store, int]:
+    """Start a store on 127.0.0.1:port (0: any free port); returns (server, store, port)."""
+    store = Store()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=[("grpc.max_receive_message_length", 64 << 20)])
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(store, server)
+    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(store, server)
+    logs_service_pb2_grpc.add_LogsServiceServicer_to_server(store, server)
+    bound = server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    return server, store, bound
+
+
+def iter_spans(store: Store, name: str) -> Iterator[dict]:
+    """Spans of one name."""
+    return (s for s in store.spans() if s["name"] == name)
