@@ -168,3 +168,22 @@ def points_from_request(
                     else:
                         out.append(p)
     return out, rejected
+
+
+def points_from_logs(req, keys: tuple[str, ...]) -> tuple[list[MetricPoint], int]:
+    """Log records as counter increments ``log.records`` split by severity, so a burst of
+    errors in the logs shows as a rate feature without parsing log text."""
+    out: list[MetricPoint] = []
+    rejected = 0
+    for rl in req.resource_logs:
+        entity = entity_of(attributes(rl.resource.attributes), keys)
+        for sl in rl.scope_logs:
+            for rec in sl.log_records:
+                t = rec.time_unix_nano or rec.observed_time_unix_nano
+                if t == 0:
+                    rejected += 1
+                    continue
+                sev = rec.severity_text or f"N{rec.severity_number}"
+                out.append(MetricPoint(entity, t, "log.records", "delta",
+                                       (("direction", sev.upper()),), 1.0))
+    return out, rejected

@@ -25,6 +25,7 @@ if ((${#missing[@]})); then
 fi
 
 bash "$repo/scripts/link-kernel-headers.sh"
+[[ $(id -u) -eq 0 ]] && bash "$repo/scripts/mount-tracefs.sh"
 
 venv="$repo/.venv"
 stamp="$venv/.otel-eacgm-installed"

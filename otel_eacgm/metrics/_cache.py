@@ -1,48 +1,35 @@
 """A sample shared by the several instruments that one collection reads.
 
-One OTel collection calls every observable callback back to back. Network and InfiniBand
+One OTel collection calls every observable callback once, back to back. Network and InfiniBand
 instruments all come from one file read (``/proc/net/dev``) or one sysfs walk, so the first
-callback of a collection reads and the others reuse that read instead of repeating it.
+callback of a collection reads and the others reuse that read. A new collection is recognised
+by a consumer asking a second time, not by a clock, so two collections close together (a
+periodic export then a ``force_flush``) never get a stale sample.
 """
 
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
-#: Reuse a sample for at most this long; far below any sensible export interval (>= 1 s), far
-#: above the time one collection takes to run all callbacks.
-DEFAULT_MAX_AGE_S = 0.25
-
 
 class CachedSample(Generic[T]):
-    """Call ``read`` at most once per ``max_age_s``; callers within that window share the value."""
+    """Call ``read`` once per round; a round ends when any consumer asks again."""
 
-    def __init__(
-        self,
-        read: Callable[[], T],
-        *,
-        max_age_s: float = DEFAULT_MAX_AGE_S,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        if max_age_s < 0:
-            raise ValueError(f"max_age_s={max_age_s!r} must be >= 0")
+    def __init__(self, read: Callable[[], T]) -> None:
         self._read = read
-        self._max_age_s = max_age_s
-        self._clock = clock
         self._lock = threading.Lock()
         self._value: T | None = None
-        self._taken_at: float | None = None
+        self._served: set[Hashable] | None = None
 
-    def get(self) -> T:
-        """Return the current sample, reading a new one if the last is older than ``max_age_s``."""
+    def get(self, consumer: Hashable) -> T:
+        """The current round's sample, reading a new one if ``consumer`` already had this one."""
         with self._lock:
-            now = self._clock()
-            if self._taken_at is None or now - self._taken_at > self._max_age_s:
+            if self._served is None or consumer in self._served:
                 self._value = self._read()
-                self._taken_at = now
+                self._served = set()
+            self._served.add(consumer)
             return self._value  # type: ignore[return-value]

@@ -181,7 +181,7 @@ class InfinibandMetrics:
         self, read: Callable[[IbPort], Iterable[tuple[float, dict[str, str]]]]
     ) -> Callable[[], Iterable[Observation]]:
         def observe() -> Iterable[Observation]:
-            for port in self._sample.get():
+            for port in self._sample.get(read):
                 base = _attributes(port)
                 for value, extra in read(port):
                     yield Observation(value, {**base, **extra})

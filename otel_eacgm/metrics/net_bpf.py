@@ -57,11 +57,11 @@ class NetProgram:
 
     def counts(self) -> dict[tuple[int, int], int]:
         """(owner tgid or 0, address family) -> retransmits since load."""
-        return {(k.tgid, k.family): int(v.value) for k, v in self._bpf["retransmits"].items()}
+        return {(k.tgid, k.family): int(v.value) for k, v in self._bpf[b"retransmits"].items()}
 
     def forget(self, keys: Iterable[tuple[int, int]]) -> None:
         """Drop counts (of exited owners) so the map stays bounded."""
-        table = self._bpf["retransmits"]
+        table = self._bpf[b"retransmits"]
         for tgid, family in keys:
             try:
                 del table[table.Key(tgid, family, 0)]
@@ -70,7 +70,7 @@ class NetProgram:
 
     def lost(self) -> int:
         """Retransmits not counted because the counts map was full."""
-        return int(self._bpf["lost"][0].value)
+        return int(self._bpf[b"lost"][0].value)
 
     def close(self) -> None:
         """Detach the tracepoints and free the maps."""

@@ -89,7 +89,7 @@ class NetworkMetrics:
 
     def _observer(self, rx_field: str, tx_field: str) -> Callable[[], Iterable[Observation]]:
         def observe() -> Iterable[Observation]:
-            for name, counters in sorted(self._sample.get().items()):
+            for name, counters in sorted(self._sample.get(rx_field).items()):
                 for direction, field in (("receive", rx_field), ("transmit", tx_field)):
                     yield Observation(
                         getattr(counters, field),

@@ -159,11 +159,6 @@ class NvmlSession:
                     device.index, name, exc, kind,
                 )
 
-    def mark_unsupported(self, device: GpuDevice, name: str) -> None:
-        """Record that a field (e.g. one NVML field id) is not supported on ``device``."""
-        with self._lock:
-            self._unsupported.add((device.index, name))
-
     def is_unsupported(self, device: GpuDevice, name: str) -> bool:
         """True once ``name`` was found unsupported on ``device``."""
         return (device.index, name) in self._unsupported

@@ -1,0 +1,133 @@
+"""``otel-eacgm detector {serve,fit,score}``.
+
+``serve`` runs the OTLP receiver; ``fit`` trains a model offline from recorded OTLP
+(``.jsonl``/``.json``) or a CSV of window features; ``score`` writes, per CSV row, the
+score and the 0/1 anomaly flag at the model's own threshold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import logging
+import os
+import signal
+import sys
+import threading
+
+import numpy as np
+
+from eacgm_detector.config import DetectorConfig
+from eacgm_detector.online import fit_rows, model_from_config
+from eacgm_detector.persist import SavedModel, load_model, save_model
+from eacgm_detector.replay import read_csv, windows_from_otlp
+
+log = logging.getLogger("eacgm_detector")
+
+
+def _config(args) -> DetectorConfig:
+    cfg = DetectorConfig.load(args.config) if args.config else DetectorConfig()
+    for key in ("listen", "export_endpoint", "model_path", "covariance_type", "max_components",
+                "window_s", "threshold_method", "threshold_risk"):
+        val = getattr(args, key, None)
+        if val is not None:
+            setattr(cfg, key, val)
+    if getattr(args, "command", None) == "serve" and cfg.export_endpoint is None:
+        env = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        if env:
+            cfg.export_endpoint = env.removeprefix("http://").removeprefix("https://")
+    return cfg.validate()
+
+
+def _serve(args) -> int:
+    from eacgm_detector.exporter import OtlpExporter
+    from eacgm_detector.pipeline import Detector
+    from eacgm_detector.service import DetectorService
+
+    cfg = _config(args)
+    model = load_model(cfg.model_path) if cfg.model_path else None
+    exporter = (OtlpExporter(cfg.export_endpoint, insecure=cfg.export_insecure, ca_file=cfg.export_ca_file)
+                if cfg.export_endpoint else None)
+    svc = DetectorService(cfg, Detector(cfg, model), exporter).start()
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    svc.stop()
+    return 0
+
+
+def _fit(args) -> int:
+    cfg = _config(args)
+    if args.input.endswith((".jsonl", ".json")):
+        rows = windows_from_otlp(args.input, cfg)
+        if len(rows) < 10:
+            raise ValueError(f"{args.input}: {len(rows)} windows, need >= 10 to fit")
+        model = fit_rows(cfg, rows)
+    else:
+        names, X, _ = read_csv(args.input)
+        model = SavedModel(model_from_config(cfg).fit(X), names)
+    save_model(args.output, model)
+    det = model.detector
+    print(f"fitted {det.n_components_} components ({det.covariance_type}) on {len(model.feature_names)} "
+          f"features; threshold {det.threshold_:.3f} ({det.threshold_method_}); saved {args.output}")
+    return 0
+
+
+def _score(args) -> int:
+    model = load_model(args.model)
+    names, X, stamps = read_csv(args.input)
+    missing = [n for n in model.feature_names if n not in names]
+    if len(missing) == len(model.feature_names):
+        raise ValueError(f"{args.input}: none of the model's {len(missing)} features are columns")
+    if missing:
+        log.warning("%s lacks %d model features (imputed): %s", args.input, len(missing), missing[:5])
+    col = {n: i for i, n in enumerate(names)}
+    Xm = np.column_stack([X[:, col[n]] if n in col else np.full(len(X), np.nan)
+                          for n in model.feature_names])
+    scores = model.detector.score_samples(Xm)
+    flags = (scores < model.detector.threshold_).astype(int)
+    with open(args.output, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow((["timestamp"] if stamps is not None else []) + ["score", "anomaly"])
+        for i, (s, f) in enumerate(zip(scores, flags)):
+            w.writerow(([stamps[i]] if stamps is not None else []) + [f"{s:.6g}", int(f)])
+    print(f"scored {len(scores)} rows, {int(flags.sum())} anomalous at threshold "
+          f"{model.detector.threshold_:.3f}; wrote {args.output}")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="otel-eacgm detector", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the OTLP gRPC receiver and score windows")
+    serve.add_argument("--listen", help="host:port to bind (default 127.0.0.1:4319)")
+    serve.add_argument("--export-endpoint", dest="export_endpoint",
+                       help="OTLP gRPC host:port for anomaly output (default $OTEL_EXPORTER_OTLP_ENDPOINT)")
+    serve.add_argument("--model", dest="model_path", help="model file from `fit`, instead of warm-up")
+    fit = sub.add_parser("fit", help="train a model offline")
+    fit.add_argument("--input", required=True, help="recorded OTLP (.jsonl) or feature CSV")
+    fit.add_argument("--output", required=True, help="model file to write (.npz)")
+    fit.add_argument("--covariance-type", dest="covariance_type")
+    fit.add_argument("--max-components", dest="max_components", type=int)
+    fit.add_argument("--window-s", dest="window_s", type=float)
+    fit.add_argument("--threshold-method", dest="threshold_method")
+    fit.add_argument("--threshold-risk", dest="threshold_risk", type=float)
+    score = sub.add_parser("score", help="score a feature CSV with a saved model")
+    score.add_argument("--model", required=True)
+    score.add_argument("--input", required=True)
+    score.add_argument("--output", required=True)
+    for s in (serve, fit):
+        s.add_argument("--config", help="YAML file of detector config keys")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``otel-eacgm detector`` with ``argv`` (without the program name); return the exit code."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return {"serve": _serve, "fit": _fit, "score": _score}[args.command](args)
+    except (ValueError, OSError) as exc:
+        print(f"otel-eacgm detector {args.command}: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,150 @@
+"""The OTLP gRPC receiver: TraceService, MetricsService and LogsService ``Export``.
+
+Handlers take the raw request bytes, so size and decoding are checked here, with a log
+line and a proper status (RESOURCE_EXHAUSTED, INVALID_ARGUMENT) instead of an exception
+deep in gRPC. Decoded records go through a bounded queue to a single scoring thread; when
+it is full the caller gets UNAVAILABLE, which OTLP exporters retry with back-off: that is
+the back-pressure. ``stop`` drains the queue, closes every open window and flushes output.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from concurrent import futures
+
+import grpc
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.logs.v1 import logs_service_pb2 as logs_pb
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as metrics_pb
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as trace_pb
+
+from eacgm_detector import emit
+from eacgm_detector.config import DetectorConfig
+from eacgm_detector.exporter import OtlpExporter
+from eacgm_detector.pipeline import Detector
+from eacgm_detector.records import points_from_logs, points_from_request, spans_from_request
+
+log = logging.getLogger(__name__)
+
+_SERVICES = {
+    # signal: (gRPC service, request, response, decode, partial-success field)
+    "traces": ("opentelemetry.proto.collector.trace.v1.TraceService",
+               trace_pb.ExportTraceServiceRequest, trace_pb.ExportTraceServiceResponse,
+               spans_from_request, "rejected_spans"),
+    "metrics": ("opentelemetry.proto.collector.metrics.v1.MetricsService",
+                metrics_pb.ExportMetricsServiceRequest, metrics_pb.ExportMetricsServiceResponse,
+                points_from_request, "rejected_data_points"),
+    "logs": ("opentelemetry.proto.collector.logs.v1.LogsService",
+             logs_pb.ExportLogsServiceRequest, logs_pb.ExportLogsServiceResponse,
+             points_from_logs, "rejected_log_records"),
+}
+
+
+class DetectorService:
+    """A running detector: gRPC server, scoring thread and optional OTLP exporter."""
+
+    def __init__(self, cfg: DetectorConfig, detector: Detector | None = None,
+                 exporter: OtlpExporter | None = None) -> None:
+        self.cfg = cfg.validate()
+        self.detector = detector or Detector(cfg)
+        self.exporter = exporter
+        self._queue: queue.Queue = queue.Queue(maxsize=cfg.queue_size)
+        self._worker = threading.Thread(target=self._run, name="eacgm-detector-score", daemon=True)
+        self._server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="eacgm-detector-rpc"),
+            options=[("grpc.max_receive_message_length", 2 * cfg.max_request_bytes)])
+        handlers = [grpc.method_handlers_generic_handler(
+            name, {"Export": grpc.unary_unary_rpc_method_handler(
+                self._handler(signal), response_serializer=resp.SerializeToString)})
+            for signal, (name, _, resp, _, _) in _SERVICES.items()]
+        self._server.add_generic_rpc_handlers(handlers)
+        if cfg.tls_cert_file:
+            creds = grpc.ssl_server_credentials([(open(cfg.tls_key_file, "rb").read(),
+                                                  open(cfg.tls_cert_file, "rb").read())])
+            self.port = self._server.add_secure_port(cfg.listen, creds)
+        else:
+            self.port = self._server.add_insecure_port(cfg.listen)
+        if self.port == 0:
+            raise ValueError(f"listen: cannot bind {cfg.listen!r}")
+
+    def start(self) -> "DetectorService":
+        """Start serving; returns self."""
+        self._worker.start()
+        self._server.start()
+        log.info("detector listening on %s (port %d)", self.cfg.listen, self.port)
+        return self
+
+    def _handler(self, signal: str):
+        _, req_cls, resp_cls, decode, rejected_field = _SERVICES[signal]
+        keys = tuple(self.cfg.entity_attributes)
+
+        def export(raw: bytes, context: grpc.ServicerContext):
+            if len(raw) > self.cfg.max_request_bytes:
+                log.warning("%s request from %s rejected: %d bytes > max_request_bytes=%d",
+                            signal, context.peer(), len(raw), self.cfg.max_request_bytes)
+                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                              f"request of {len(raw)} bytes exceeds max_request_bytes={self.cfg.max_request_bytes}")
+            try:
+                records, rejected = decode(req_cls.FromString(raw), keys)
+            except (DecodeError, ValueError, UnicodeDecodeError) as exc:
+                log.warning("%s request from %s is not valid OTLP: %s", signal, context.peer(), exc)
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed {signal} request: {exc}")
+            if rejected and not records:
+                log.warning("%s request from %s: all %d items invalid (timestamps or ids)",
+                            signal, context.peer(), rejected)
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"all {rejected} {signal} items invalid: need timestamps, "
+                              "end >= start, 16-byte trace and 8-byte span ids")
+            try:
+                self._queue.put_nowait((signal, records))
+            except queue.Full:
+                self.detector.counters[f"{signal}.refused_overload"] += 1
+                context.abort(grpc.StatusCode.UNAVAILABLE, "detector overloaded, retry later")
+            resp = resp_cls()
+            if rejected:
+                setattr(resp.partial_success, rejected_field, rejected)
+                resp.partial_success.error_message = "items without timestamps or valid ids were rejected"
+            return resp
+
+        return export
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                signal, records = item
+                if signal == "traces":
+                    self.detector.feed_spans(records)
+                else:
+                    self.detector.feed_points(records, "points" if signal == "metrics" else "logs")
+                self._emit(self.detector.ready())
+            except Exception:  # the scoring thread must survive one bad batch
+                log.exception("scoring a %s batch failed", item[0] if item else "?")
+            finally:
+                self._queue.task_done()
+
+    def _emit(self, results) -> None:
+        if not results or self.exporter is None:
+            return
+        self.exporter.submit("logs", emit.logs_request(results))
+        self.exporter.submit("metrics", emit.score_request(results))
+        if self.cfg.reexport_spans:
+            self.exporter.submit("traces", emit.spans_request(results))
+
+    def wait_idle(self) -> None:
+        """Block until every accepted request has been windowed and scored."""
+        self._queue.join()
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """Stop accepting, score what was accepted plus every open window, flush output."""
+        self._server.stop(grace_s).wait()
+        self._queue.put(None)
+        self._worker.join()
+        self._emit(self.detector.drain())
+        if self.exporter is not None:
+            self.exporter.shutdown()
+        log.info("detector stopped: %s", dict(self.detector.counters))

@@ -1,0 +1,185 @@
+"""Tumbling event-time windows per entity.
+
+Windows are placed by the telemetry's own timestamps, so a recorded run replays to the same
+windows as it produced live. Each entity has its own watermark (the newest event time seen
+minus the grace period), which makes an entity's windows depend only on that entity's data:
+the property that lets replicas routed by entity agree with a single detector.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+import zlib
+from dataclasses import dataclass, field
+
+from eacgm_detector.records import Entity, MetricPoint, SpanRecord
+
+#: Durations kept per function and window for the tail feature; beyond it a seeded
+#: reservoir sample keeps memory flat and the result reproducible.
+MAX_DURATIONS = 2048
+#: Slowest spans remembered per function, to name affected spans in anomaly events.
+SLOWEST_KEPT = 5
+
+
+@dataclass
+class FunctionStats:
+    """Span aggregates of one (layer, function) in one window."""
+
+    count: int = 0
+    errors: int = 0
+    log_durations: list[float] = field(default_factory=list)
+    nccl_bytes: float = 0.0
+    nccl_seconds: float = 0.0
+    slowest: list[tuple[float, bytes, bytes]] = field(default_factory=list)
+
+    def add(self, rec: SpanRecord, rng: random.Random) -> None:
+        """Fold one span in."""
+        self.count += 1
+        self.errors += rec.error
+        ld = math.log(max(rec.duration_s, 1e-9))
+        if len(self.log_durations) < MAX_DURATIONS:
+            self.log_durations.append(ld)
+        else:
+            j = rng.randrange(self.count)
+            if j < MAX_DURATIONS:
+                self.log_durations[j] = ld
+        if rec.nccl_bytes is not None:
+            self.nccl_bytes += rec.nccl_bytes
+            self.nccl_seconds += rec.duration_s
+        item = (rec.duration_s, rec.trace_id, rec.span_id)
+        if len(self.slowest) < SLOWEST_KEPT:
+            heapq.heappush(self.slowest, item)
+        else:
+            heapq.heappushpop(self.slowest, item)
+
+
+@dataclass
+class MetricStats:
+    """Metric aggregates of one feature series in one window."""
+
+    kind: str
+    values: list[float] = field(default_factory=list)
+    increase: float = 0.0
+
+
+@dataclass
+class Window:
+    """Everything an entity produced in ``[start_ns, end_ns)``."""
+
+    entity: Entity
+    start_ns: int
+    end_ns: int
+    functions: dict[tuple[str, str], FunctionStats] = field(default_factory=dict)
+    metrics: dict[str, MetricStats] = field(default_factory=dict)
+    span_refs: list[tuple] = field(default_factory=list)
+    refs_dropped: int = 0
+
+
+class EntityWindows:
+    """Open windows of one entity, closed when the watermark passes their end plus grace.
+
+    Parameters
+    ----------
+    window_ns, grace_ns : int
+        Window length and how long after a window's end late data is still accepted.
+    function_key : callable
+        Maps (layer, function) to its bounded feature key (see ``features.Vocabulary``).
+    metric_key : callable
+        Maps a metric point to its bounded feature series name.
+    max_open : int
+        Open windows kept at most; the oldest is closed early beyond it, so a burst of
+        scattered timestamps cannot grow memory without bound.
+    max_span_refs : int
+        Span protos kept per window for annotated re-export.
+    """
+
+    def __init__(self, entity: Entity, *, window_ns: int, grace_ns: int, function_key,
+                 metric_key, max_open: int = 16, max_span_refs: int = 10000) -> None:
+        self.entity = entity
+        self.window_ns = window_ns
+        self.grace_ns = grace_ns
+        self._function_key = function_key
+        self._metric_key = metric_key
+        self.max_open = max_open
+        self.max_span_refs = max_span_refs
+        self._open: dict[int, Window] = {}
+        self._closed_before = -1
+        self._newest = -1
+        self._last_cumulative: dict[tuple, tuple[int, float]] = {}
+        self.late = 0
+
+    def _window(self, t: int) -> Window | None:
+        start = t - t % self.window_ns
+        if start + self.window_ns <= self._closed_before:
+            self.late += 1
+            return None
+        self._newest = max(self._newest, t)
+        win = self._open.get(start)
+        if win is None:
+            win = self._open[start] = Window(self.entity, start, start + self.window_ns)
+        return win
+
+    def add_span(self, rec: SpanRecord) -> bool:
+        """Add a span; False when it arrived after its window closed (counted in ``late``)."""
+        win = self._window(rec.time_ns)
+        if win is None:
+            return False
+        key = self._function_key(rec.layer, rec.function)
+        stats = win.functions.get(key)
+        if stats is None:
+            stats = win.functions[key] = FunctionStats()
+        stats.add(rec, random.Random(win.start_ns ^ zlib.crc32('\0'.join(key).encode())))
+        if rec.ref is not None:
+            if len(win.span_refs) < self.max_span_refs:
+                win.span_refs.append(rec.ref)
+            else:
+                win.refs_dropped += 1
+        return True
+
+    def add_point(self, p: MetricPoint) -> bool:
+        """Add a metric point; False when late."""
+        win = self._window(p.time_ns)
+        if win is None:
+            return False
+        name = self._metric_key(p)
+        stats = win.metrics.get(name)
+        if stats is None:
+            stats = win.metrics[name] = MetricStats(p.kind)
+        if p.kind == "gauge":
+            stats.values.append(p.value)
+        elif p.kind == "delta":
+            stats.increase += p.value
+            stats.values.append(p.value)
+        else:
+            # Cumulative counters: the increase since the series' previous point, placed in
+            # the window of the newer point; a drop means the counter restarted.
+            key = (p.name, p.series)
+            prev = self._last_cumulative.get(key)
+            if prev is None or p.time_ns > prev[0]:
+                self._last_cumulative[key] = (p.time_ns, p.value)
+                if prev is not None:
+                    stats.increase += p.value - prev[1] if p.value >= prev[1] else p.value
+                    stats.values.append(p.value)
+        return True
+
+    def ready(self) -> list[Window]:
+        """Pop the windows the watermark has passed, oldest first."""
+        watermark = self._newest - self.grace_ns
+        starts = sorted(s for s, w in self._open.items() if w.end_ns <= watermark)
+        extra = len(self._open) - len(starts) - self.max_open
+        if extra > 0:
+            rest = sorted(s for s in self._open if s not in starts)
+            starts += rest[:extra]
+        return self._pop(starts)
+
+    def drain(self) -> list[Window]:
+        """Pop every open window (shutdown, end of a recorded file)."""
+        return self._pop(sorted(self._open))
+
+    def _pop(self, starts: list[int]) -> list[Window]:
+        out = [self._open.pop(s) for s in starts]
+        if out:
+            self._closed_before = max(self._closed_before, out[-1].end_ns)
+        return out

@@ -1,0 +1,194 @@
+"""`otel-eacgm doctor`: can this machine trace? One line per check, each with a fix hint.
+
+Exit status 1 when a check that tracing needs fails (root/capabilities, BPF, tracefs, kernel
+headers, BCC, a real uprobe); NVML and the list of mapped libraries are informational.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import json
+import os
+import platform
+from collections import Counter
+from pathlib import Path
+
+from otel_eacgm.probes.libraries import all_pids, family_of
+
+_CAP_SYS_ADMIN, _CAP_PERFMON, _CAP_BPF = 21, 38, 39
+_SYS_BPF = 321  # x86-64
+_BPF_MAP_CREATE = 0
+_BPF_MAP_TYPE_ARRAY = 2
+
+
+@dataclasses.dataclass
+class Check:
+    """One doctor line."""
+
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+    required: bool = True
+
+
+def _caps() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("CapEff:"):
+            return int(line.split()[1], 16)
+    return 0
+
+
+def check_privileges() -> Check:
+    caps = _caps()
+    has = lambda bit: bool(caps >> bit & 1)  # noqa: E731
+    ok = has(_CAP_SYS_ADMIN) or (has(_CAP_BPF) and has(_CAP_PERFMON))
+    who = "root" if os.geteuid() == 0 else f"uid {os.geteuid()}"
+    detail = f"{who}, CAP_BPF={has(_CAP_BPF)} CAP_PERFMON={has(_CAP_PERFMON)} CAP_SYS_ADMIN={has(_CAP_SYS_ADMIN)}"
+    return Check("privileges", ok, detail, "run as root, or grant CAP_BPF,CAP_PERFMON,CAP_SYS_RESOURCE (see systemd unit)")
+
+
+def check_bpf_syscall() -> Check:
+    libc = ctypes.CDLL(None, use_errno=True)
+    attr = (ctypes.c_uint32 * 30)(_BPF_MAP_TYPE_ARRAY, 4, 8, 1)
+    fd = libc.syscall(_SYS_BPF, _BPF_MAP_CREATE, ctypes.byref(attr), ctypes.sizeof(attr))
+    if fd >= 0:
+        os.close(fd)
+        return Check("bpf syscall", True, "bpf(BPF_MAP_CREATE) works")
+    err = ctypes.get_errno()
+    return Check("bpf syscall", False, f"bpf(BPF_MAP_CREATE) failed: {os.strerror(err)}",
+                 "needs privileges; check kernel.unprivileged_bpf_disabled and CONFIG_BPF_SYSCALL")
+
+
+def check_tracefs() -> Check:
+    for root in ("/sys/kernel/tracing", "/sys/kernel/debug/tracing"):
+        if Path(root, "uprobe_events").exists():
+            return Check("tracefs", True, f"{root} (uprobe_events present)")
+    return Check("tracefs", False, "no uprobe_events under /sys/kernel/tracing",
+                 "mount -t tracefs tracefs /sys/kernel/tracing; the kernel needs CONFIG_UPROBE_EVENTS")
+
+
+def check_btf() -> Check:
+    ok = Path("/sys/kernel/btf/vmlinux").exists()
+    return Check("btf", ok, "/sys/kernel/btf/vmlinux" + (" present" if ok else " missing"),
+                 "a kernel with CONFIG_DEBUG_INFO_BTF=y (BCC does not need it; libbpf tools do)", required=False)
+
+
+def check_headers() -> Check:
+    release = platform.release()
+    build = Path("/lib/modules", release, "build")
+    if (build / "include/generated/autoconf.h").exists():
+        target = os.path.realpath(build)
+        note = "" if release in target else f" (linked to {target}: not the running kernel's, fine for uprobes)"
+        return Check("kernel headers", True, f"{build}{note}")
+    return Check("kernel headers", False, f"{build} has no usable headers",
+                 "apt-get install linux-headers-amd64, then scripts/link-kernel-headers.sh")
+
+
+def check_bcc() -> Check:
+    try:
+        import bcc  # type: ignore[import-not-found]  # noqa: F401
+    except ImportError as exc:
+        return Check("bcc", False, f"cannot import bcc: {exc}",
+                     "apt-get install python3-bpfcc; use the .venv built by `make setup` (--system-site-packages)")
+    return Check("bcc", True, f"bcc from {os.path.dirname(bcc.__file__)}")
+
+
+def check_uprobe() -> Check:
+    """The real test: compile a BPF program and attach a uprobe to libc."""
+    try:
+        from bcc import BPF  # type: ignore[import-not-found]
+
+        prog = BPF(text=b"int hit(void *ctx) { return 0; }")
+        prog.attach_uprobe(name=b"c", sym=b"getpid", fn_name=b"hit")
+        prog.cleanup()
+    except Exception as exc:  # BCC raises bare Exception
+        return Check("uprobe", False, f"compiling/attaching a uprobe failed: {exc}",
+                     "see the checks above (headers, privileges, tracefs)")
+    return Check("uprobe", True, "compiled a BPF program and attached a uprobe to libc getpid")
+
+
+def check_nvml() -> Check:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            count = pynvml.nvmlDeviceGetCount()
+            driver = pynvml.nvmlSystemGetDriverVersion()
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception as exc:  # NVMLError or missing library
+        return Check("nvml", False, f"NVML unavailable ({exc}); GPU metrics are off",
+                     "install the NVIDIA driver on GPU nodes", required=False)
+    return Check("nvml", True, f"{count} GPU(s), driver {driver}", required=False)
+
+
+def _python_has_usdt(exe: str) -> bool:
+    try:
+        with open(exe, "rb") as fh:
+            return b"function__entry" in fh.read()
+    except OSError:
+        return False
+
+
+def check_libraries() -> list[Check]:
+    """Which CUDA/NCCL/PyTorch/Python libraries running processes map."""
+    families: Counter[str] = Counter()
+    torch = pythons = 0
+    usdt: dict[str, bool] = {}
+    for pid in all_pids():
+        try:
+            maps = Path(f"/proc/{pid}/maps").read_text()
+            exe = os.readlink(f"/proc/{pid}/exe")
+        except OSError:
+            continue
+        seen = set()
+        for line in maps.splitlines():
+            path = line.split(None, 5)[-1] if line.count(" ") >= 5 else ""
+            fam = family_of(path) if path.startswith("/") else None
+            if fam:
+                seen.add(fam.value)
+            if "libtorch_cpu" in path:
+                seen.add("torch")
+        families.update(seen - {"torch"})
+        torch += "torch" in seen
+        if os.path.basename(exe).startswith("python"):
+            pythons += 1
+            usdt.setdefault(exe, _python_has_usdt(exe))
+    lines = [Check("mapped libraries", True,
+                   ", ".join(f"{k}: {families.get(k, 0)} processes" for k in ("cudart", "cuda", "nccl"))
+                   + f", torch: {torch} processes", required=False)]
+    if usdt:
+        detail = "; ".join(f"{exe}: {'USDT probes' if has else 'no USDT probes'}" for exe, has in sorted(usdt.items()))
+        lines.append(Check("python interpreters", all(usdt.values()), f"{pythons} processes; {detail}",
+                           "Python function spans need an interpreter built --with-dtrace (e.g. Debian's /usr/bin/python3.11)",
+                           required=False))
+    return lines
+
+
+def run_checks() -> list[Check]:
+    """Every check, in order."""
+    checks = [check_privileges(), check_bpf_syscall(), check_tracefs(), check_btf(), check_headers(), check_bcc()]
+    if all(c.ok for c in checks if c.required):
+        checks.append(check_uprobe())
+    checks.append(check_nvml())
+    checks.extend(check_libraries())
+    return checks
+
+
+def run_doctor(as_json: bool = False) -> int:
+    """Print the report; 1 when tracing cannot work."""
+    checks = run_checks()
+    if as_json:
+        print(json.dumps([dataclasses.asdict(c) for c in checks], indent=2))
+    else:
+        for c in checks:
+            mark = "ok  " if c.ok else ("FAIL" if c.required else "warn")
+            hint = f"  -> fix: {c.fix}" if not c.ok and c.fix else ""
+            print(f"[{mark}] {c.name}: {c.detail}{hint}")
+    failed = [c for c in checks if c.required and not c.ok]
+    if not as_json:
+        print("tracing: " + ("ready" if not failed else f"NOT possible ({', '.join(c.name for c in failed)})"))
+    return 1 if failed else 0

@@ -1,0 +1,36 @@
+"""Running `otel-eacgm agent` as its own process in tests, and reading its report."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+AGENT = [str(REPO / ".venv/bin/otel-eacgm"), "agent"]
+WORKLOAD = str(REPO / "tests/workloads/cuda_nccl_calls.py")
+PYTHON = sys.executable
+
+
+def agent_cmd(endpoint: str, *extra: str) -> list[str]:
+    """The agent's command line for a test (insecure gRPC to the test collector by default)."""
+    return [*AGENT, "--endpoint", endpoint, "--insecure", *extra]
+
+
+def run_traced(endpoint: str, plan: list, *extra: str, env: dict | None = None, timeout: float = 120) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    """`otel-eacgm agent ... -- python workload PLAN`; returns the run and the workload's call log."""
+    cmd = agent_cmd(endpoint, *extra, "--", PYTHON, WORKLOAD, json.dumps(plan))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=dict(os.environ, **(env or {})))
+    calls = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    return proc, calls
+
+
+def summary(stderr: str) -> dict[str, int]:
+    """The agent's final `done:` counters."""
+    lines = [line for line in stderr.splitlines() if " done: " in line]
+    if not lines:
+        raise AssertionError(f"agent printed no summary; stderr:\n{stderr[-3000:]}")
+    return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", lines[-1].split(" done: ", 1)[1])}
