@@ -84,7 +84,7 @@ def window_features(win: Window) -> dict[str, float]:
             out[f"metric.{name}.mean"] = float(np.mean(ms.values))
             out[f"metric.{name}.max"] = float(np.max(ms.values))
         else:
-            out[f"metric.{name}.rate"] = ms.increase / seconds
+            out[f"metric.{name}.rate"] = ms.increase / (ms.seconds if ms.kind == "cumulative" else seconds)
     return out
 
 

@@ -42,6 +42,10 @@ class GMMDetector(OutlierMixin, BaseEstimator):
         Extreme-value (Peaks-Over-Threshold) fit or empirical quantile of held-out scores.
     threshold_risk : float, default=1e-3
         Target fraction of normal windows flagged.
+    trim_fraction : float, default=0.01
+        Share of the lowest held-out scores left out of the threshold fit: training data
+        is mostly, not entirely, normal, and one wild window must not push the threshold
+        so far down that nothing is ever flagged.
     n_folds : int, default=5
         Folds for out-of-fold (held-out) scores that set the threshold and check BIC's choice.
     n_init : int, default=1
@@ -74,6 +78,7 @@ class GMMDetector(OutlierMixin, BaseEstimator):
         reg_covar: float = 1e-3,
         threshold_method: str = "pot",
         threshold_risk: float = 1e-3,
+        trim_fraction: float = 0.01,
         n_folds: int = 5,
         n_init: int = 1,
         max_iter: int = 200,
@@ -84,6 +89,7 @@ class GMMDetector(OutlierMixin, BaseEstimator):
         self.reg_covar = reg_covar
         self.threshold_method = threshold_method
         self.threshold_risk = threshold_risk
+        self.trim_fraction = trim_fraction
         self.n_folds = n_folds
         self.n_init = n_init
         self.max_iter = max_iter
@@ -109,6 +115,8 @@ class GMMDetector(OutlierMixin, BaseEstimator):
             )
         if not 0 < self.threshold_risk < 1:
             raise ValueError(f"threshold_risk={self.threshold_risk!r}: expected 0 < risk < 1")
+        if not 0 <= self.trim_fraction < 0.5:
+            raise ValueError(f"trim_fraction={self.trim_fraction!r}: expected 0 <= fraction < 0.5")
         if not isinstance(self.n_folds, (int, np.integer)) or self.n_folds < 2:
             raise ValueError(f"n_folds={self.n_folds!r}: expected an integer >= 2")
 
@@ -176,6 +184,7 @@ class GMMDetector(OutlierMixin, BaseEstimator):
             oof[hold] = self._mixture(k, seed).fit(Z[train]).score_samples(Z[hold])
         self.mixture_ = self._mixture(self.n_components_, seed).fit(Z)
         self.n_iter_ = self.mixture_.n_iter_
+        oof = np.sort(oof)[int(self.trim_fraction * n):]
         if self.threshold_method == "pot":
             self.threshold_, self.threshold_method_ = pot_threshold(oof, self.threshold_risk)
         else:
@@ -206,31 +215,27 @@ class GMMDetector(OutlierMixin, BaseEstimator):
     def contributions(self, X) -> np.ndarray:
         """Per-feature share of each window's unlikeliness, shape (n_samples, n_features).
 
-        For the component that best explains the window, feature ``j`` gets its squared
-        conditional z-score ``((P (z - mu))_j)^2 / P_jj`` (``P`` the precision matrix):
-        how far the feature is from what the *other* features predict for it. A feature
-        that moved together with its correlated peers scores low; the one that broke the
-        pattern scores high, which is what a person needs to read "latency" or "network".
+        Feature ``j`` gets its squared z-score ``(z_j - mu_j)^2 / Sigma_jj`` under the
+        component that best explains the window. Marginal rather than conditional on the
+        other features, because real faults move groups of correlated features together
+        (a slow all-reduce shifts its duration, tail and bandwidth at once), and a person
+        should see that whole group named, not only the feature that broke a correlation.
         """
         Z = self._standardize(X)
         gm = self.mixture_
         comp = gm.predict(Z)
-        out = np.empty_like(Z)
-        for i, c in enumerate(comp):
-            prec = _precision(gm, int(c))
-            r = prec @ (Z[i] - gm.means_[c])
-            out[i] = r * r / np.diag(prec)
-        return out
+        var = np.stack([_variances(gm, c) for c in range(gm.n_components)])
+        return (Z - gm.means_[comp]) ** 2 / var[comp]
 
 
-def _precision(gm: GaussianMixture, c: int) -> np.ndarray:
-    """Precision matrix of component ``c`` for any covariance type."""
-    pc = gm.precisions_cholesky_
+def _variances(gm: GaussianMixture, c: int) -> np.ndarray:
+    """Diagonal of component ``c``'s covariance for any covariance type."""
+    cov = gm.covariances_
     d = gm.means_.shape[1]
     if gm.covariance_type == "full":
-        return pc[c] @ pc[c].T
+        return np.diag(cov[c])
     if gm.covariance_type == "tied":
-        return pc @ pc.T
+        return np.diag(cov)
     if gm.covariance_type == "diag":
-        return np.diag(pc[c] ** 2)
-    return np.eye(d) * pc[c] ** 2
+        return cov[c]
+    return np.full(d, cov[c])

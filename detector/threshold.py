@@ -53,6 +53,11 @@ def pot_threshold(scores: np.ndarray, risk: float, level: float = 0.95) -> tuple
     if np.ptp(excesses) <= 0:
         return -t0, "quantile"
     gamma, _, sigma = stats.genpareto.fit(excesses, floc=0.0)
+    if gamma < 0:
+        # A Gaussian mixture's negative log-likelihood has a chi-square-like, exponential
+        # tail (Gumbel domain); a fitted bounded tail (gamma < 0) is small-sample noise that
+        # would put the threshold at the largest value seen, so fall back to gamma = 0.
+        gamma, sigma = 0.0, float(excesses.mean())
     ratio = risk * n / excesses.size
     if abs(gamma) < 1e-8:
         z = t0 - sigma * np.log(ratio)

@@ -62,6 +62,9 @@ class MetricStats:
     kind: str
     values: list[float] = field(default_factory=list)
     increase: float = 0.0
+    #: Seconds the cumulative increments span, so a window that saw one increment of two
+    #: (the counter's first point) still gives the right rate.
+    seconds: float = 0.0
 
 
 @dataclass
@@ -161,6 +164,7 @@ class EntityWindows:
                 self._last_cumulative[key] = (p.time_ns, p.value)
                 if prev is not None:
                     stats.increase += p.value - prev[1] if p.value >= prev[1] else p.value
+                    stats.seconds += (p.time_ns - prev[0]) / 1e9
                     stats.values.append(p.value)
         return True
 

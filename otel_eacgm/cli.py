@@ -40,6 +40,13 @@ def _run_agent(args: argparse.Namespace) -> int:
         print(f"otel-eacgm agent: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s otel-eacgm %(levelname)s %(name)s: %(message)s")
+    from otel_eacgm.doctor import check_privileges
+
+    privileges = check_privileges()
+    if not privileges.ok:
+        print(f"otel-eacgm agent: cannot trace as {privileges.detail}; {privileges.fix}. "
+              "`otel-eacgm doctor` checks everything tracing needs.", file=sys.stderr)
+        return 1
     from otel_eacgm.agent import Agent
     from otel_eacgm.bpf_loader import BpfError
 

@@ -63,8 +63,12 @@ def check_bpf_syscall() -> Check:
 
 def check_tracefs() -> Check:
     for root in ("/sys/kernel/tracing", "/sys/kernel/debug/tracing"):
-        if Path(root, "uprobe_events").exists():
-            return Check("tracefs", True, f"{root} (uprobe_events present)")
+        try:
+            if Path(root, "uprobe_events").exists():
+                return Check("tracefs", True, f"{root} (uprobe_events present)")
+        except PermissionError:
+            return Check("tracefs", False, f"{root} is not readable by uid {os.geteuid()}",
+                         "run as root (tracefs is root-only)")
     return Check("tracefs", False, "no uprobe_events under /sys/kernel/tracing",
                  "mount -t tracefs tracefs /sys/kernel/tracing; the kernel needs CONFIG_UPROBE_EVENTS")
 
@@ -168,9 +172,18 @@ def check_libraries() -> list[Check]:
     return lines
 
 
+def _safe(check) -> Check:  # noqa: ANN001
+    """Run one check; an unexpected OS error becomes a failed line, not a crash."""
+    try:
+        return check()
+    except OSError as exc:
+        return Check(check.__name__.removeprefix("check_").replace("_", " "), False, f"could not check: {exc}")
+
+
 def run_checks() -> list[Check]:
     """Every check, in order."""
-    checks = [check_privileges(), check_bpf_syscall(), check_tracefs(), check_btf(), check_headers(), check_bcc()]
+    checks = [_safe(c) for c in (check_privileges, check_bpf_syscall, check_tracefs, check_btf, check_headers,
+                                 check_bcc)]
     if all(c.ok for c in checks if c.required):
         checks.append(check_uprobe())
     checks.append(check_nvml())

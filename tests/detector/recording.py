@@ -2,9 +2,9 @@
 
 Each 1-second window of one rank carries CUDA launches, NCCL all-reduces and torch ops as
 spans, and GPU utilization, power and a cumulative network counter as metrics, with the
-attribute names the agent emits. ``anomalies`` maps a window index to "latency", "gpu" or
-"bandwidth"; those windows get a 5x slower kernel launch, a GPU utilization collapse or a
-6x slower all-reduce for the same bytes.
+attribute names the agent emits. ``anomalies`` maps a window index to "latency", "gpu",
+"bandwidth" or "errors"; those windows get a 5x slower kernel launch, a GPU utilization
+and power collapse, a 6x slower all-reduce for the same bytes, or failing all-reduces.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def window_requests(rank: int, w: int, rng: np.random.Generator, anomaly: str | 
             sp.attributes.extend([kv("eacgm.layer", layer), kv("code.function.name", fn)])
             if nbytes:
                 sp.attributes.append(kv("nccl.bytes", nbytes))
-            if rng.random() < 0.002:
+            if anomaly == "errors" and fn == "ncclAllReduce":
                 sp.status.code = Status.STATUS_CODE_ERROR
     mt = ExportMetricsServiceRequest()
     rm = mt.resource_metrics.add()

@@ -3,8 +3,8 @@
 Without a GPU every call fails with a real error code. Prints one JSON line per call with the
 wall-clock bracket around it, so tests can check span timestamps.
 usage: cuda_nccl_calls.py PLAN_JSON   (a list of [function, repeat] pairs)
-Environment: EACGM_WAIT_FILE: wait until this file exists before calling (attach gate for
-tests of late-loaded libraries); EACGM_DLOPEN_DELAY_S: sleep before loading the libraries.
+Environment (for tests of libraries loaded late): EACGM_LOAD_FILE: load the libraries only once
+this file exists; EACGM_WAIT_FILE: start calling only once this file exists.
 """
 
 import ctypes
@@ -49,16 +49,18 @@ def calls(rt: ctypes.CDLL, nccl: ctypes.CDLL) -> dict:
     }
 
 
+def wait_for(path: str | None, timeout_s: float = 60) -> None:
+    deadline = time.time() + timeout_s
+    while path and not os.path.exists(path) and time.time() < deadline:
+        time.sleep(0.01)
+
+
 def main() -> None:
     plan = json.loads(sys.argv[1])
-    time.sleep(float(os.environ.get("EACGM_DLOPEN_DELAY_S", "0")))
+    wait_for(os.environ.get("EACGM_LOAD_FILE"))
     rt = ctypes.CDLL(CUDART)
     nccl = ctypes.CDLL(NCCL)
-    wait = os.environ.get("EACGM_WAIT_FILE")
-    if wait:
-        deadline = time.time() + 30
-        while not os.path.exists(wait) and time.time() < deadline:
-            time.sleep(0.01)
+    wait_for(os.environ.get("EACGM_WAIT_FILE"))
     table = calls(rt, nccl)
     for name, repeat in plan:
         for _ in range(repeat):

@@ -1,0 +1,99 @@
+"""Event-time windows, grace period, bounded feature names, missing-value policy."""
+
+from __future__ import annotations
+
+import math
+
+from eacgm_detector.features import (OTHER, Vocabulary, feature_category, fill_value, vectorize,
+                                     window_features)
+from eacgm_detector.records import MetricPoint, SpanRecord
+from eacgm_detector.windows import EntityWindows
+
+S = 10**9
+ENT = (("host.name", "h"),)
+
+
+def span(t_s: float, dur_s: float = 0.01, fn: str = "cudaMalloc", layer: str = "cuda.runtime",
+         error: bool = False, nbytes=None) -> SpanRecord:
+    return SpanRecord(ENT, int(t_s * S), dur_s, layer, fn, error, nbytes, b"t" * 16, b"s" * 8)
+
+
+def windows(grace_s: float = 2.0, vocab: Vocabulary | None = None) -> EntityWindows:
+    vocab = vocab or Vocabulary()
+    return EntityWindows(ENT, window_ns=10 * S, grace_ns=int(grace_s * S),
+                         function_key=vocab.function_key, metric_key=vocab.metric_key)
+
+
+def test_windows_follow_event_time_and_grace():
+    w = windows()
+    assert w.add_span(span(1000.5)) and w.add_span(span(1009.9))
+    assert w.add_span(span(1011.0))
+    assert w.ready() == []  # watermark 1009 < end 1010
+    assert w.add_span(span(1008.0))  # late but within grace: accepted
+    w.add_span(span(1012.5))  # watermark 1010.5 passes the first window's end
+    [first] = w.ready()
+    assert (first.start_ns, first.end_ns) == (1000 * S, 1010 * S)
+    assert first.functions[("cuda.runtime", "cudaMalloc")].count == 3
+    assert not w.add_span(span(1005.0)) and w.late == 1  # its window is closed
+    assert [x.start_ns for x in w.drain()] == [1010 * S]
+
+
+def test_replaying_the_same_records_gives_the_same_features():
+    def run():
+        w = windows()
+        for i in range(300):
+            w.add_span(span(1000 + i * 0.1, dur_s=0.001 * (1 + i % 7)))
+        return [window_features(x) for x in w.drain()]
+    assert run() == run()
+
+
+def test_span_features_and_nccl_bandwidth():
+    w = windows()
+    w.add_span(span(1, 0.5, "ncclAllReduce", "nccl", nbytes=1e9))
+    w.add_span(span(2, 1.5, "ncclAllReduce", "nccl", error=True, nbytes=1e9))
+    f = window_features(w.drain()[0])
+    base = "span.nccl.ncclAllReduce"
+    assert f[f"{base}.count"] == 2 and f[f"{base}.error_rate"] == 0.5
+    assert math.isclose(f[f"{base}.log_bandwidth"], math.log1p(2e9 / 2.0))
+    assert math.isclose(f[f"{base}.log_duration.mean"], (math.log(0.5) + math.log(1.5)) / 2)
+    assert feature_category(f"{base}.log_bandwidth") == "communication"
+
+
+def test_metric_features_gauge_and_cumulative_rate():
+    w = windows()
+    series = (("network.io.direction", "receive"),)
+    for t, v in [(1, 100.0), (3, 300.0), (5, 700.0)]:
+        w.add_point(MetricPoint(ENT, t * S, "system.network.io", "cumulative", series, v))
+    for t, v in [(2, 0.5), (4, 0.9)]:
+        w.add_point(MetricPoint(ENT, t * S, "hw.gpu.utilization", "gauge", (), v))
+    f = window_features(w.drain()[0])
+    assert f["metric.system.network.io.receive.rate"] == 150.0  # 600 By over 4 s
+    assert f["metric.hw.gpu.utilization.mean"] == 0.7 and f["metric.hw.gpu.utilization.max"] == 0.9
+    assert feature_category("metric.hw.gpu.utilization.mean") == "gpu"
+    assert feature_category("metric.system.network.io.receive.rate") == "network"
+
+
+def test_function_names_are_bounded_with_an_other_bucket():
+    vocab = Vocabulary(max_functions=3)
+    w = windows(vocab=vocab)
+    for i in range(10):
+        w.add_span(span(1, fn=f"k{i}"))
+    keys = set(w.drain()[0].functions)
+    assert keys == {("cuda.runtime", "k0"), ("cuda.runtime", "k1"), ("cuda.runtime", "k2"),
+                    ("cuda.runtime", OTHER)}
+
+
+def test_missing_counts_are_zero_other_missing_features_are_nan():
+    assert fill_value("span.torch.aten::mm.count") == 0.0
+    assert math.isnan(fill_value("span.torch.aten::mm.log_duration.mean"))
+    X = vectorize([{"a.count": 3.0}], ["a.count", "b.count", "b.log_duration.mean"])
+    assert X[0, 0] == 3.0 and X[0, 1] == 0.0 and math.isnan(X[0, 2])
+
+
+def test_open_windows_are_bounded():
+    w = windows(grace_s=1e6)  # a huge grace would otherwise keep every window open
+    w.max_open = 4
+    for i in range(20):
+        w.add_span(span(100 + 10 * i))
+        w.ready()
+    assert len(w._open) <= 5

@@ -1,0 +1,47 @@
+"""Agent configuration: precedence, validation and error messages."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from otel_eacgm.config import ConfigError, load
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "agent.yaml"
+
+
+def test_precedence_flag_over_env_over_file(tmp_path: Path) -> None:
+    f = tmp_path / "a.yaml"
+    f.write_text("exporter:\n  endpoint: http://file:4317\n  batch_size: 100\ncapture:\n  launch_layer: cuda.runtime\n")
+    cfg = load(str(f), {"endpoint": "http://flag:4317"}, environ={"OTEL_EACGM_ENDPOINT": "http://env:4317",
+                                                                   "OTEL_EACGM_BATCH_SIZE": "200"})
+    assert cfg.endpoint == "http://flag:4317" and cfg.batch_size == 200 and cfg.launch_layer == "cuda.runtime"
+
+
+def test_example_config_loads() -> None:
+    cfg = load(str(EXAMPLE), environ={})
+    assert cfg.launch_layer == "cuda.driver"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("capture:\n  layers: [cuda.runtime, opencl]\n", "layers ['opencl'] unknown"),
+    ("capture:\n  ringbuf_pages: 1000\n", "ringbuf_pages 1000 must be a power of two"),
+    ("exporter:\n  protocol: thrift\n", "protocol 'thrift' is not one of"),
+    ("bogus: 1\n", "unknown setting 'bogus'"),
+    ("capture:\n  launch_returns: maybe\n", "launch_returns='maybe' is invalid"),
+    ("- a\n- b\n", "must hold a mapping"),
+    ("a: [\n", "is not valid YAML"),
+])
+def test_bad_values_name_the_key(tmp_path: Path, text: str, message: str) -> None:
+    f = tmp_path / "bad.yaml"
+    f.write_text(text)
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        load(str(f), environ={})
+
+
+def test_missing_file_and_bad_env() -> None:
+    with pytest.raises(ConfigError, match="config file /nonexistent.yaml: No such file"):
+        load("/nonexistent.yaml", environ={})
+    with pytest.raises(ConfigError, match="environment: queue_size='lots' is invalid"):
+        load(None, environ={"OTEL_EACGM_QUEUE_SIZE": "lots"})

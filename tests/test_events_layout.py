@@ -1,0 +1,70 @@
+"""bpf/events.h and otel_eacgm/events.py must agree byte for byte."""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from otel_eacgm import events
+
+HEADER = Path(__file__).resolve().parent.parent / "bpf" / "events.h"
+STRUCTS = {
+    "call_event": events.CallEvent,
+    "call_str_event": events.CallStrEvent,
+    "lib_open_event": events.LibOpenEvent,
+    "thread_exit_event": events.ThreadExitEvent,
+    "probe_conf": events.ProbeConf,
+}
+
+
+@pytest.fixture(scope="module")
+def c_layout(tmp_path_factory: pytest.TempPathFactory) -> dict[str, int]:
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc needed to compile bpf/events.h")
+    lines = []
+    for cname, py in STRUCTS.items():
+        lines.append(f'printf("{cname} %zu\\n", sizeof(struct {cname}));')
+        for field, _ in py._fields_:
+            if cname == "call_str_event" and field == "call":
+                continue
+            lines.append(f'printf("{cname}.{field} %zu\\n", offsetof(struct {cname}, {field}));')
+    src = ("#include <stdio.h>\n#include <stddef.h>\n#include <linux/types.h>\n"
+           f'#include "{HEADER}"\nint main(void) {{ {" ".join(lines)} return 0; }}\n')
+    d = tmp_path_factory.mktemp("layout")
+    (d / "layout.c").write_text(src)
+    subprocess.run(["gcc", "-o", str(d / "layout"), str(d / "layout.c")], check=True)
+    out = subprocess.run([str(d / "layout")], capture_output=True, text=True, check=True).stdout
+    return {k: int(v) for k, v in (line.split() for line in out.splitlines())}
+
+
+@pytest.mark.parametrize("cname", STRUCTS)
+def test_struct_layout_matches(c_layout: dict[str, int], cname: str) -> None:
+    py = STRUCTS[cname]
+    assert ctypes.sizeof(py) == c_layout[cname]
+    for field, _ in py._fields_:
+        key = f"{cname}.{field}"
+        if key in c_layout:
+            assert getattr(py, field).offset == c_layout[key], key
+
+
+def test_constants_match_header() -> None:
+    text = HEADER.read_text()
+    for name, value in [("EACGM_MAX_ARGS", events.MAX_ARGS), ("EACGM_DEREF_BYTES", events.DEREF_BYTES),
+                        ("EACGM_STR_BYTES", events.STR_BYTES), ("EACGM_PATH_BYTES", events.PATH_BYTES),
+                        ("EACGM_MAX_DEPTH", events.MAX_DEPTH)]:
+        assert f"#define {name} {value}" in text
+    for member in events.EventType:
+        assert f"EACGM_EVENT_{member.name} = {member.value}" in text
+
+
+def test_decode_rejects_unknown_and_short_records() -> None:
+    buf = (ctypes.c_uint8 * 8)(99)
+    with pytest.raises(ValueError, match="unknown event type byte 99"):
+        events.decode(ctypes.addressof(buf), 8)
+    buf[0] = events.EventType.CALL
+    with pytest.raises(ValueError, match="CallEvent record of 8 bytes"):
+        events.decode(ctypes.addressof(buf), 8)
