@@ -184,7 +184,7 @@ class GMMDetector(OutlierMixin, BaseEstimator):
             oof[hold] = self._mixture(k, seed).fit(Z[train]).score_samples(Z[hold])
         self.mixture_ = self._mixture(self.n_components_, seed).fit(Z)
         self.n_iter_ = self.mixture_.n_iter_
-        oof = np.sort(oof)[int(self.trim_fraction * n):]
+        oof = np.sort(oof)[int(np.ceil(self.trim_fraction * n)):]
         if self.threshold_method == "pot":
             self.threshold_, self.threshold_method_ = pot_threshold(oof, self.threshold_risk)
         else:

@@ -69,7 +69,8 @@ def window_requests(rank: int, w: int, rng: np.random.Generator, anomaly: str | 
         n = sm.metrics.add(name="system.network.io", unit="By")
         n.sum.is_monotonic = True
         n.sum.aggregation_temporality = AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
-        dp = n.sum.data_points.add(time_unix_nano=ts, as_int=int((w * 2 + k) * 5e7 + rng.normal(0, 2e5)))
+        # A steady 100 MB/s transmit counter, read with a little jitter.
+        dp = n.sum.data_points.add(time_unix_nano=ts, as_int=int((ts - T0) / SEC * 1e8 + rng.normal(0, 2e5)))
         dp.attributes.append(kv("network.io.direction", "transmit"))
     return tr, mt
 

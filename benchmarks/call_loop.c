@@ -1,0 +1,59 @@
+/* Tight loops over real library calls, timed in-process, for probe_overhead.py.
+ * usage: call_loop LIBCUDART LIBNCCL ITERATIONS [CALLS_PER_SECOND]
+ * Prints one JSON line: ns per call for an entry-only probed call (cudaLaunchKernel) and for
+ * an entry+return probed pair (ncclGroupStart + ncclGroupEnd, two calls). No GPU needed: the
+ * calls fail fast with real error codes, so the figure is the probe cost plus the call itself.
+ * With CALLS_PER_SECOND the launch loop is paced (batches of 100) to measure sustained capture.
+ */
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+typedef struct { unsigned x, y, z; } dim3;
+typedef int (*launch_fn)(const void *, dim3, dim3, void **, size_t, void *);
+typedef int (*void_fn)(void);
+
+static double now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1e9 + ts.tv_nsec;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc != 4 && argc != 5) {
+		fprintf(stderr, "usage: %s LIBCUDART LIBNCCL ITERATIONS [CALLS_PER_SECOND]\n", argv[0]);
+		return 2;
+	}
+	void *rt = dlopen(argv[1], RTLD_NOW), *nccl = dlopen(argv[2], RTLD_NOW);
+	if (!rt || !nccl) {
+		fprintf(stderr, "dlopen failed: %s\n", dlerror());
+		return 1;
+	}
+	launch_fn launch = (launch_fn)dlsym(rt, "cudaLaunchKernel");
+	void_fn gstart = (void_fn)dlsym(nccl, "ncclGroupStart"), gend = (void_fn)dlsym(nccl, "ncclGroupEnd");
+	long n = atol(argv[3]);
+	dim3 g = {1, 1, 1}, b = {32, 1, 1};
+	launch(NULL, g, b, NULL, 0, NULL); /* first call initialises the runtime (fails without GPU) */
+	double rate = argc == 5 ? atof(argv[4]) : 0;
+	double t0 = now_ns();
+	for (long i = 0; i < n; i++) {
+		launch((const void *)0x1, g, b, NULL, 0, NULL);
+		if (rate > 0 && i % 100 == 99) {
+			double due = t0 + (i + 1) * 1e9 / rate;
+			while (now_ns() < due)
+				;
+		}
+	}
+	double t1 = now_ns();
+	for (long i = 0; rate == 0 && i < n; i++) { /* paced runs measure launches only */
+		gstart();
+		gend();
+	}
+	double t2 = now_ns();
+	printf("{\"launch_ns\": %.1f, \"group_pair_ns\": %.1f, \"iterations\": %ld}\n", (t1 - t0) / n, (t2 - t1) / n, n);
+	return 0;
+}

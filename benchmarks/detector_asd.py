@@ -1,0 +1,90 @@
+"""Detector benchmark: labeled server-metric data sets, the detector against baselines.
+
+One model per entity, thresholds without test labels, figures averaged over entities:
+point-wise precision/recall/F1, event recall, AUC-PR and VUS-PR (``tsb-ad``), for the
+detector, random scores, PCA reconstruction error and IsolationForest. Then throughput
+(windows/s scored, spans/s ingested by one process) and peak memory.
+
+    .venv/bin/python benchmarks/detector_asd.py [--datasets asd jumpstarter2] [--no-vus]
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from detector_baselines import SCORERS  # noqa: E402
+from detector_ingest import ingest_rate  # noqa: E402
+from detector_metrics import figures, generate_curve  # noqa: E402
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "datasets"
+COLUMNS = ["P", "R", "F1", "event R", "AUC-PR", "VUS-PR"]
+
+
+def entities(path: Path) -> list[str]:
+    with np.load(path) as d:
+        return sorted({k.split("/")[0] for k in d.files}, key=lambda e: (len(e), e))
+
+
+def run_entity(job) -> dict:
+    path, ent, vus = job
+    with np.load(path) as d:
+        train, test, labels = d[f"{ent}/train"], d[f"{ent}/test"], d[f"{ent}/test_label"]
+    out = {}
+    for name, scorer in SCORERS.items():
+        t = time.perf_counter()
+        scores, thr = scorer(train, test)
+        fit_s = time.perf_counter() - t
+        out[name] = figures(labels, scores, scores > thr, vus) | {"_s": fit_s, "_n": len(test)}
+    return out
+
+
+def table(title: str, rows: dict[str, dict[str, float]]) -> str:
+    cols = [c for c in COLUMNS if any(c in r for r in rows.values())]
+    lines = [f"\n{title}", "| method | " + " | ".join(cols) + " |",
+             "|---|" + "---:|" * len(cols)]
+    for name, r in rows.items():
+        lines.append(f"| {name} | " + " | ".join(f"{r[c]:.3f}" for c in cols) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--datasets", nargs="+", default=["asd", "jumpstarter2"])
+    ap.add_argument("--no-vus", action="store_true", help="skip VUS-PR (the slowest figure)")
+    ap.add_argument("--jobs", type=int, default=2)
+    args = ap.parse_args(argv)
+    vus = not args.no_vus
+    if vus and generate_curve is None:
+        print("VUS-PR: tsb-ad is not importable (pip install --no-deps tsb-ad); column left out")
+    started = time.perf_counter()
+    for ds in args.datasets:
+        path = DATA / f"{ds}.npz"
+        ents = entities(path)
+        with ProcessPoolExecutor(args.jobs) as pool:
+            per_entity = list(pool.map(run_entity, [(path, e, vus) for e in ents]))
+        means = {name: {c: float(np.nanmean([r[name][c] for r in per_entity]))
+                        for c in per_entity[0][name] if not c.startswith("_")}
+                 for name in SCORERS}
+        print(table(f"{ds}: {len(ents)} entities, one model each, mean over entities", means))
+        gmm = [r["detector (GMM)"] for r in per_entity]
+        print(f"detector fit+score: {np.mean([g['_s'] for g in gmm]):.2f} s per entity (mean)")
+    rates = ingest_rate()
+    print(f"\nthroughput (one process): {rates['windows_per_s']:.0f} windows/s scored "
+          f"({rates['features']} features), {rates['spans_per_s']:.0f} spans/s ingested "
+          f"(decode + window + features), {rates['grpc_spans_per_s']:.0f} spans/s through gRPC")
+    print(f"peak RSS: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB (this process), "
+          f"{resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024:.0f} MiB (largest worker)")
+    print(f"total {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,216 @@
+"""The detector as a real gRPC service: real OTLP clients in, a real OTLP receiver out."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import threading
+import time
+
+import grpc
+import pytest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2_grpc import MetricsServiceStub
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (ExportTraceServiceRequest,
+                                                                      ExportTraceServiceResponse)
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc import TraceServiceStub
+
+from eacgm_detector.config import DetectorConfig
+from eacgm_detector.emit import kv
+from eacgm_detector.exporter import OtlpExporter
+from eacgm_detector.pipeline import Detector
+from eacgm_detector.records import any_value, attributes
+from eacgm_detector.service import DetectorService
+from recording import SEC, T0, recording, resource_attrs
+
+ANOMALIES = {230: "latency", 250: "gpu", 270: "bandwidth", 290: "errors"}
+N_WINDOWS, WARMUP = 320, 200
+EXPECTED_CATEGORY = {"latency": "latency", "gpu": "gpu", "bandwidth": "communication",
+                     "errors": "communication"}
+
+
+def config(**kw) -> DetectorConfig:
+    base = dict(listen="127.0.0.1:0", window_s=1.0, grace_s=0.5, warmup_windows=WARMUP,
+                refit_every=1000, history_windows=1000)
+    return DetectorConfig(**(base | kw))
+
+
+def send(channel, req, attempts: int = 50):
+    """Export like an OTLP exporter: retry UNAVAILABLE (back-pressure) with a short back-off."""
+    stub = (TraceServiceStub if isinstance(req, ExportTraceServiceRequest) else MetricsServiceStub)(channel)
+    for _ in range(attempts):
+        try:
+            return stub.Export(req, timeout=10)
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                raise
+            time.sleep(0.01)
+    raise AssertionError("detector stayed UNAVAILABLE")
+
+
+def window_of(ns: int) -> int:
+    return (ns - T0) // SEC
+
+
+def test_normal_run_clean_injected_anomalies_flagged(receiver):
+    rec, endpoint = receiver
+    svc = DetectorService(config(), exporter=OtlpExporter(endpoint)).start()
+    reqs = recording([0], N_WINDOWS, ANOMALIES)
+    with grpc.insecure_channel(f"127.0.0.1:{svc.port}") as ch:
+        for r in reqs:
+            send(ch, r)
+    svc.stop()  # flushes the last open windows and the exporter
+
+    events = [(lr, rl.resource) for req in rec.logs for rl in req.resource_logs
+              for sl in rl.scope_logs for lr in sl.log_records]
+    flagged = {window_of(attributes(lr.attributes)["eacgm.anomaly.window.start"]): lr for lr, _ in events}
+    assert sorted(flagged) == sorted(ANOMALIES), "exactly the injected windows are anomalies"
+    for w, kind in ANOMALIES.items():
+        lr = flagged[w]
+        attrs = attributes(lr.attributes)
+        assert lr.event_name == "eacgm.anomaly" and lr.severity_text == "WARN"
+        assert attrs["eacgm.anomaly.score"] < attrs["eacgm.anomaly.threshold"]
+        assert attrs["host.name"] == "node0" and attrs["process.pid"] == "1000"
+        cats = [c.string_value for c in lr.attributes[[a.key for a in lr.attributes].index(
+            "eacgm.anomaly.categories")].value.array_value.values]
+        assert cats[0] == EXPECTED_CATEGORY[kind], (kind, cats)
+        assert len(lr.trace_id) == 16 and lr.trace_id == (w).to_bytes(16, "big")
+        assert "anomaly on host.name=node0" in lr.body.string_value
+
+    # Every received span comes back; those of scored windows carry the verdict.
+    sent = sum(len(ss.spans) for r in reqs if isinstance(r, ExportTraceServiceRequest)
+               for rs in r.resource_spans for ss in rs.scope_spans)
+    back = [sp for req in rec.traces for rs in req.resource_spans for ss in rs.scope_spans for sp in ss.spans]
+    assert len(back) == sent
+    verdict = {}
+    for sp in back:
+        a = attributes(sp.attributes)
+        w = window_of(sp.start_time_unix_nano)
+        assert ("eacgm.anomaly" in a) == (w >= WARMUP)
+        if "eacgm.anomaly" in a:
+            verdict.setdefault(w, a["eacgm.anomaly"])
+    assert {w for w, v in verdict.items() if v} == set(ANOMALIES)
+
+    points = [dp for req in rec.metrics for rm in req.resource_metrics for sm in rm.scope_metrics
+              for m in sm.metrics if m.name == "eacgm.anomaly.score" for dp in m.gauge.data_points]
+    assert len(points) == N_WINDOWS - WARMUP
+
+
+def test_sdk_otlp_exporter_is_accepted():
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    svc = DetectorService(config()).start()
+    provider = TracerProvider(resource=Resource({"host.name": "n1", "process.pid": 7}))
+    provider.add_span_processor(SimpleSpanProcessor(
+        OTLPSpanExporter(endpoint=f"127.0.0.1:{svc.port}", insecure=True)))
+    tracer = provider.get_tracer("t")
+    for i in range(5):
+        with tracer.start_as_current_span("cudaMalloc", attributes={"eacgm.layer": "cuda.runtime"}):
+            pass
+    provider.shutdown()
+    svc.wait_idle()
+    assert svc.detector.counters["spans.accepted"] == 5
+    assert list(svc.detector.entities) == [(("host.name", "n1"), ("process.pid", "7"))]
+    svc.stop()
+
+
+def raw_export(channel, method: str, payload: bytes):
+    call = channel.unary_unary(method, request_serializer=None,
+                               response_deserializer=ExportTraceServiceResponse.FromString)
+    return call(payload, timeout=5)
+
+
+TRACE_EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+METRICS_EXPORT = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export"
+
+
+def bad_span_request(n_bad: int, n_good: int) -> ExportTraceServiceRequest:
+    req = ExportTraceServiceRequest()
+    rs = req.resource_spans.add()
+    rs.resource.attributes.extend(resource_attrs(0))
+    ss = rs.scope_spans.add()
+    for i in range(n_bad):
+        ss.spans.add(name="x", trace_id=b"short", span_id=b"s" * 8, start_time_unix_nano=T0,
+                     end_time_unix_nano=T0 + 1)
+    for i in range(n_good):
+        ss.spans.add(name="x", trace_id=b"t" * 16, span_id=b"s" * 8, start_time_unix_nano=T0,
+                     end_time_unix_nano=T0 + 1)
+    return req
+
+
+def test_malformed_and_oversized_requests(caplog):
+    svc = DetectorService(config(max_request_bytes=20_000)).start()
+    with grpc.insecure_channel(f"127.0.0.1:{svc.port}") as ch:
+        for method in (TRACE_EXPORT, METRICS_EXPORT):
+            with pytest.raises(grpc.RpcError) as err:
+                raw_export(ch, method, b"\xff\xff\xff garbage")
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        with pytest.raises(grpc.RpcError) as err:
+            raw_export(ch, TRACE_EXPORT, b"\x0a" + b"\x80" * 30_000)
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "max_request_bytes=20000" in err.value.details()
+        with pytest.raises(grpc.RpcError) as err:
+            TraceServiceStub(ch).Export(bad_span_request(3, 0), timeout=5)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        resp = TraceServiceStub(ch).Export(bad_span_request(2, 1), timeout=5)
+        assert resp.partial_success.rejected_spans == 2
+        # Still serving after all that.
+        assert TraceServiceStub(ch).Export(bad_span_request(0, 4), timeout=5) is not None
+    svc.wait_idle()
+    assert svc.detector.counters["spans.accepted"] == 5
+    assert sum("not valid OTLP" in r.getMessage() for r in caplog.records) == 2
+    assert any("max_request_bytes" in r.getMessage() for r in caplog.records)
+    svc.stop()
+
+
+class BlockedDetector(Detector):
+    """A detector whose scoring thread is stuck until released, to fill the queue."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.release = threading.Event()
+
+    def feed_spans(self, records):
+        self.release.wait(10)
+        return super().feed_spans(records)
+
+
+def test_overload_gives_back_pressure_not_memory():
+    cfg = config(queue_size=2)
+    det = BlockedDetector(cfg)
+    svc = DetectorService(cfg, det).start()
+    codes = []
+    with grpc.insecure_channel(f"127.0.0.1:{svc.port}") as ch:
+        for _ in range(8):
+            try:
+                TraceServiceStub(ch).Export(bad_span_request(0, 1), timeout=5)
+                codes.append("OK")
+            except grpc.RpcError as exc:
+                codes.append(exc.code().name)
+    assert codes.count("OK") <= 3 and "UNAVAILABLE" in codes
+    assert set(codes) <= {"OK", "UNAVAILABLE"}
+    det.release.set()
+    svc.stop()
+    assert det.counters["spans.accepted"] == codes.count("OK")
+    assert det.counters["traces.refused_overload"] == codes.count("UNAVAILABLE")
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl CLI needed to make a test certificate")
+def test_tls(tmp_path):
+    key, cert = tmp_path / "k.pem", tmp_path / "c.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    svc = DetectorService(config(listen="localhost:0", tls_cert_file=str(cert), tls_key_file=str(key))).start()
+    creds = grpc.ssl_channel_credentials(cert.read_bytes())
+    with grpc.secure_channel(f"localhost:{svc.port}", creds) as ch:
+        TraceServiceStub(ch).Export(bad_span_request(0, 2), timeout=5)
+    with grpc.insecure_channel(f"localhost:{svc.port}") as ch:
+        with pytest.raises(grpc.RpcError):
+            TraceServiceStub(ch).Export(bad_span_request(0, 2), timeout=2)
+    svc.wait_idle()
+    assert svc.detector.counters["spans.accepted"] == 2
+    svc.stop()
