@@ -31,12 +31,15 @@ from otlp_store import serve  # noqa: E402
 
 
 def find_libraries() -> tuple[str, str]:
-    """libcudart and libnccl from the nvidia wheels of this Python."""
-    import nvidia.cu13
-    import nvidia.nccl
-
-    return (str(Path(list(nvidia.cu13.__path__)[0]) / "lib/libcudart.so.13"),
-            str(Path(list(nvidia.nccl.__path__)[0]) / "lib/libnccl.so.2"))
+    """libcudart and libnccl from the nvidia wheels of this Python (layouts differ by version)."""
+    found: dict[str, str] = {}
+    for entry in sys.path:
+        for pattern, key in (("nvidia/**/libcudart.so.1[0-9]", "cudart"), ("nvidia/**/libnccl.so.2", "nccl")):
+            for path in sorted(Path(entry or ".").glob(pattern)) if Path(entry or ".", "nvidia").is_dir() else []:
+                found.setdefault(key, str(path))
+    if len(found) != 2:
+        raise SystemExit(f"need the nvidia-cuda-runtime and nvidia-nccl wheels; found {found}")
+    return found["cudart"], found["nccl"]
 
 
 def build_loop(out_dir: Path) -> Path:
