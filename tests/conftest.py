@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +14,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from loopback import free_port, wait_port  # noqa: E402
 from otlp_store import Store, serve  # noqa: E402
 
 REQUIRE_EBPF = os.environ.get("OTEL_EACGM_REQUIRE_EBPF") == "1"
@@ -46,24 +45,6 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         if REQUIRE_EBPF:
             pytest.fail(f"eBPF is required here (OTEL_EACGM_REQUIRE_EBPF=1) but unavailable: {problem}")
         pytest.skip(f"eBPF unavailable: {problem}")
-
-
-def free_port() -> int:
-    """A free TCP port on loopback."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_port(port: int, timeout_s: float = 30.0) -> None:
-    """Wait until something listens on 127.0.0.1:port."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.1)
-    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout_s}s")
 
 
 def collector_binary() -> Path:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from agent_run import PYTHON, WORKLOAD, agent_cmd, run_traced, summary
-from conftest import free_port
+from loopback import free_port
 
 pytestmark = pytest.mark.ebpf
 
