@@ -32,6 +32,8 @@ from otel_eacgm.decoders import DecodeContext
 from otel_eacgm.events import CallEvent, CallFlags, CallStrEvent, LibOpenEvent, Stat, ThreadExitEvent, decode
 from otel_eacgm.export import SpanQueue, meter_provider, metric_exporter, span_exporter
 from otel_eacgm.kernel_names import KernelNames
+from otel_eacgm.metrics.call_stats import CallStatistics
+from otel_eacgm.metrics.host import start_host_metrics
 from otel_eacgm.probes.catalog import Layer, Role, enabled_rows
 from otel_eacgm.probes.libraries import all_pids, cgroup_pids, family_of, libraries_of, resolve
 from otel_eacgm.resources import process_resource
@@ -90,6 +92,12 @@ class Agent:
                       "service.version": __version__}),
         )
         self._register_metrics()
+        self.call_stats = CallStatistics(self._meters.get_meter("otel_eacgm.metrics.calls", __version__),
+                                         max_kernel_names=cfg.max_kernel_names) if cfg.call_metrics else None
+        self.host_metrics = start_host_metrics(
+            self._meters, gpu=cfg.gpu_metrics, network=cfg.network_metrics, tcp_retransmits=cfg.tcp_retransmits,
+            pid_filter=self._is_target if filtering else None,
+            resource_for_pid=lambda pid: dict(self._resource_for(pid).attributes))
         self.program.open_ring(self._on_record)
 
     # --- self-telemetry -------------------------------------------------------------------
@@ -127,6 +135,10 @@ class Agent:
                 f"depth_overflow={stats[Stat.DEPTH_OVERFLOW]} unmatched_returns={stats[Stat.UNMATCHED_RETURN]} "
                 f"probes={self.program.probe_count} files={len(self.attacher.files)}")
 
+    def _is_target(self, pid: int) -> bool:
+        """Per-process host metrics (GPU memory, retransmits) follow the traced processes."""
+        return pid in self.program.targets()
+
     # --- resources ------------------------------------------------------------------------
     def _resource_for(self, pid: int) -> Resource:
         res = self._resources.get(pid)
@@ -153,7 +165,10 @@ class Agent:
     def _on_call(self, ev: CallEvent, string: bytes | None) -> None:
         self.counters.calls += 1
         self._resource_for(ev.pid)
-        self.queue.put(self.builder.build(ev, string))
+        span = self.builder.build(ev, string)
+        if self.call_stats is not None:
+            self.call_stats.record(span)
+        self.queue.put(span)
 
     def _on_thread_exit(self, rec: ThreadExitEvent) -> None:
         for ev in self.program.pop_frames(rec.pid, rec.tid, rec.depth):
@@ -209,6 +224,8 @@ class Agent:
         for pid in [p for p in self._resources if not os.path.exists(f"/proc/{p}")]:
             del self._resources[pid]
             self.kernel_names.forget(pid)
+            if self.call_stats is not None:
+                self.call_stats.forget(pid)
 
     # --- lifecycle ------------------------------------------------------------------------
     def _launch(self) -> None:
@@ -273,7 +290,8 @@ class Agent:
         for _ in range(3):
             self.program.poll(50)
         self.queue.close(timeout_s=max(30.0, self.cfg.export_timeout_s * 2))
-        self._meters.shutdown()
+        self._meters.shutdown()  # a last collection reads the host sources, so they close after it
+        self.host_metrics.close()
         log.info("done: %s", self.summary())
         self.program.close()
         if self._child is None:

@@ -59,7 +59,7 @@ class ProgramOptions:
         return flags
 
 
-def _import_bcc():  # noqa: ANN202 - bcc has no type information
+def import_bcc():  # noqa: ANN202 - bcc has no type information
     try:
         import bcc  # type: ignore[import-not-found]
     except ImportError as exc:
@@ -74,7 +74,7 @@ class CallProgram:
     """calls.bpf.c loaded into the kernel."""
 
     def __init__(self, options: ProgramOptions, *, dump: Callable[[str], None] | None = None) -> None:
-        bcc = _import_bcc()
+        bcc = import_bcc()
         self._bcc = bcc
         self.options = options
         src = BPF_DIR / "calls.bpf.c"

@@ -74,7 +74,17 @@ class AgentConfig:
 
     # self-telemetry and logs
     metrics_interval_s: float = 10.0
-    """Metric export interval."""
+    """Metric export interval (also the sampling interval of the GPU and network counters)."""
+    call_metrics: bool = True
+    """Call statistics from every captured call: eacgm.calls, eacgm.call.duration, eacgm.call.errors, nccl.*."""
+    max_kernel_names: int = 100
+    """Distinct cuda.kernel.name values per process in call statistics; the rest count as "other"."""
+    gpu_metrics: bool = True
+    """NVML device and per-process GPU metrics (hw.gpu.*, hw.*); off by itself when no NVML is found."""
+    network_metrics: bool = True
+    """Interface counters (system.network.*) and InfiniBand/RoCE port counters where present."""
+    tcp_retransmits: bool = True
+    """TCP retransmissions per process from the tcp:tcp_retransmit_skb tracepoint."""
     stats_log_interval_s: float = 30.0
     """Interval of the agent's summary log line (0: only at exit)."""
     log_level: str = "info"
@@ -93,6 +103,8 @@ class AgentConfig:
         for name in ("export_timeout_s", "scan_interval_s", "metrics_interval_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} {getattr(self, name)} must be > 0")
+        if self.max_kernel_names < 0:
+            raise ConfigError(f"max_kernel_names {self.max_kernel_names} must be >= 0")
         if self.queue_size < self.batch_size or self.batch_size <= 0:
             raise ConfigError(f"queue_size {self.queue_size} must be >= batch_size {self.batch_size} > 0")
         if self.cgroup is not None and not Path(self.cgroup).is_dir():

@@ -10,7 +10,7 @@ import dataclasses
 import logging
 from collections.abc import Callable, Iterable
 
-from otel_eacgm.bpf_loader import BPF_DIR, BpfError, _import_bcc
+from otel_eacgm.bpf_loader import BPF_DIR, BpfError, import_bcc
 
 _LOG = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class NetProgram:
         self, options: NetProgramOptions | None = None, *, dump: Callable[[str], None] | None = None
     ) -> None:
         self.options = options or NetProgramOptions()
-        bcc = _import_bcc()
+        bcc = import_bcc()
         cflags = self.options.cflags()
         if dump is not None:
             dump(f"// cflags: {' '.join(cflags)}\n{SOURCE.read_text()}")
