@@ -29,7 +29,7 @@ def run(layer: str, python: str, steps: int, extra: list[str]) -> None:
     cmd = [sys.executable, "-m", "otel_eacgm.cli", "agent", "--endpoint", f"http://127.0.0.1:{port}", "--insecure",
            "--launch-layer", layer, "--", python, str(REPO / "examples/train.py"), "--steps", str(steps), *extra]
     t0 = time.time()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=f"{REPO}:{os.environ.get('PYTHONPATH', '')}"))
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OTEL_EACGM_METRICS_INTERVAL_S="1", PYTHONPATH=f"{REPO}:{os.environ.get('PYTHONPATH', '')}"))
     print(f"\n## launch layer {layer}: agent exit {proc.returncode}, {time.time() - t0:.1f} s")
     for line in proc.stderr.splitlines():
         if re.search(r"attached|ready:|done:|not in this version|ERROR|Traceback", line):
@@ -65,7 +65,25 @@ def run(layer: str, python: str, steps: int, extra: list[str]) -> None:
             nest[(p["name"], s["name"])] += 1
     print("nesting (parent > child):", dict(nest.most_common(8)))
     print("resource:", spans[0]["resource"] if spans else None)
+    print_metrics(store.metric_points())
     server.stop(0)
+
+
+def print_metrics(points: list[dict]) -> None:
+    """The agent's metrics as exported: last value of every series, GPU and call statistics first."""
+    last: dict[tuple, dict] = {}
+    for p in points:
+        key = (p["name"], tuple(sorted(p["attributes"].items())))
+        if key not in last or p["time"] >= last[key]["time"]:
+            last[key] = p
+    names = collections.Counter(name for name, _ in last)
+    print(f"\nmetrics: {len(names)} names, {len(last)} series")
+    print("| metric | series | example attributes | value |")
+    print("|---|---|---|---|")
+    for name in sorted(names, key=lambda n: (not n.startswith("hw."), n)):
+        example = next(p for (n, _), p in last.items() if n == name)
+        attrs = {k: v for k, v in example["attributes"].items() if not k.startswith("hw.") or k in ("hw.id", "hw.gpu.task", "hw.state", "hw.type")}
+        print(f"| {name} | {names[name]} | {str(attrs)[:140]} | {str(example['value'])[:60]} |")
 
 
 def main() -> None:
