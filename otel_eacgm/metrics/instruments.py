@@ -2,7 +2,7 @@
 
 Each metrics source (NVML, ``/proc/net/dev``, InfiniBand sysfs, the TCP BPF maps) describes its
 instruments as :class:`ObservableSpec` rows and registers them with :func:`register`. Keeping
-the rows in one table per source is what ``docs/semconv-metrics.md`` is checked against.
+the rows in one table per source is what ``docs/semantic-conventions.md`` is checked against.
 """
 
 from __future__ import annotations
