@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO))
 
-from otlp_store import serve  # noqa: E402
+from otel_eacgm.otlp_store import serve  # noqa: E402
 
 
 def run(layer: str, python: str, steps: int, extra: list[str]) -> None:

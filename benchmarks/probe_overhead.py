@@ -25,9 +25,9 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO))
 
-from otlp_store import serve  # noqa: E402
+from otel_eacgm.otlp_store import serve  # noqa: E402
 
 
 def find_libraries() -> tuple[str, str]:

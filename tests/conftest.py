@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from loopback import free_port, wait_port  # noqa: E402
-from otlp_store import Store, serve  # noqa: E402
+from otel_eacgm.otlp_store import Store, serve  # noqa: E402
 
 REQUIRE_EBPF = os.environ.get("OTEL_EACGM_REQUIRE_EBPF") == "1"
 

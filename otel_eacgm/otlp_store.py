@@ -1,14 +1,15 @@
-"""An OTLP gRPC receiver that keeps what it receives, for tests to query.
+"""An in-process OTLP gRPC receiver that keeps what it receives, to be queried.
 
-It is the end of the real pipeline in the tests (agent -> real Collector -> this store), in
-place of a backend: the contrib file exporter cannot be built from the Go proxy here.
+The end of the real pipeline (agent -> real Collector -> this store) where a backend would be:
+the demo's live summary reads it, and so do the tests (the contrib file exporter cannot be built
+from the Go proxy here). Memory grows with what it receives: for demos, tests and benchmarks.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent import futures
 
 import grpc
@@ -109,8 +110,3 @@ def serve(port: int = 0) -> tuple[grpc.Server, Store, int]:
     bound = server.add_insecure_port(f"127.0.0.1:{port}")
     server.start()
     return server, store, bound
-
-
-def iter_spans(store: Store, name: str) -> Iterator[dict]:
-    """Spans of one name."""
-    return (s for s in store.spans() if s["name"] == name)
