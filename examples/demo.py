@@ -1,0 +1,191 @@
+"""`make demo`: the agent on an example workload, end to end, on this machine.
+
+    workload  --uprobes-->  otel-eacgm agent  --OTLP-->  OpenTelemetry Collector  --OTLP-->  Jaeger
+                                                                               \\--OTLP-->  summary (this script)
+
+Starts the real Collector (collector-config/demo.yaml) and a local Jaeger
+(collector-config/jaeger-local.yaml), runs `otel-eacgm agent -- <workload>` and prints the spans
+as they arrive (calls per layer, errors), then the slowest calls, the metrics received, and where
+to look in Jaeger. The workload is examples/train.py on a GPU when PyTorch sees one, otherwise
+examples/cuda_steps.py (real libcudart/libnccl calls that fail without a GPU). Needs root (eBPF).
+
+    .venv/bin/python examples/demo.py [--steps 30] [--keep] [--workload auto|train|cuda-steps]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from otel_eacgm.otlp_store import Store, serve  # noqa: E402
+
+SERVICE = "eacgm-demo"
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port: int, what: str, proc: subprocess.Popen, log: Path, timeout_s: float = 30) -> None:
+    import socket
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            sys.exit(f"demo: {what} exited with status {proc.returncode}; its log:\n{log.read_text()[-3000:]}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    sys.exit(f"demo: {what} does not listen on port {port} after {timeout_s:.0f} s; see {log}")
+
+
+def built(script: str) -> Path:
+    """Build (first time) and locate a cached binary through scripts/build-*.sh."""
+    subprocess.run(["bash", str(REPO / "scripts" / script)], check=True)
+    out = subprocess.run(["bash", str(REPO / "scripts" / script), "--path"], check=True, capture_output=True, text=True)
+    return Path(out.stdout.strip())
+
+
+def pick_workload(choice: str, steps: int) -> tuple[list[str], str]:
+    """(command, launch layer) of the example workload."""
+    python = sys.executable
+    if choice in ("auto", "train"):
+        probe = subprocess.run([python, "-c", "import torch; print(torch.cuda.is_available())"],
+                               capture_output=True, text=True)
+        if probe.stdout.strip() == "True" or choice == "train":
+            return [python, str(REPO / "examples/train.py"), "--steps", str(steps), "--slow-step", "10"], "cuda.driver"
+    # No GPU: real libcudart calls; the runtime layer, since there is no libcuda to trace.
+    return [python, str(REPO / "examples/cuda_steps.py"), "--steps", str(steps), "--slow-step", "10"], "cuda.runtime"
+
+
+def live_summary(store: Store, stop: threading.Event, progress: list[str]) -> None:
+    """A status line a second while it changes: spans so far per layer, errors, the workload's last step."""
+    tty = sys.stdout.isatty()
+    last = ""
+    while not stop.wait(1.0):
+        spans = store.spans()
+        layers = collections.Counter(s["attributes"].get("eacgm.layer", "?") for s in spans)
+        errors = sum(1 for s in spans if s["status_code"] == 2)
+        per_layer = ", ".join(f"{k} {v}" for k, v in sorted(layers.items())) or "none yet"
+        line = f"  [{progress[-1] if progress else 'starting'}] spans: {len(spans)} ({per_layer}); errors {errors}"
+        if line != last:
+            print(f"\r{line:100}" if tty else line, end="" if tty else "\n", flush=True)
+            last = line
+
+
+def report(store: Store, jaeger_ui: str | None) -> None:
+    spans = [s for s in store.spans() if s["resource"].get("service.name") == SERVICE]
+    print(f"\n\nspans received: {len(spans)} from service {SERVICE!r}")
+    by = collections.Counter((s["attributes"].get("eacgm.layer"), s["name"]) for s in spans)
+    errs = collections.Counter(s["name"] for s in spans if s["status_code"] == 2)
+    print(f"  {'layer':14} {'call':28} {'count':>6} {'errors':>6}")
+    for (layer, name), n in sorted(by.items()):
+        print(f"  {layer:14} {name:28} {n:6d} {errs.get(name, 0):6d}")
+    timed = sorted((s for s in spans if s["end"] > s["start"]), key=lambda s: s["start"] - s["end"])[:5]
+    print("slowest calls:")
+    for s in timed:
+        a = s["attributes"]
+        detail = a.get("cuda.kernel.name") or a.get("nccl.collective") or a.get("error.type") or ""
+        print(f"  {(s['end'] - s['start']) / 1e6:9.3f} ms  {s['name']:24} {detail}")
+    metrics = collections.Counter(p["name"] for p in store.metric_points())
+    print(f"metrics received: {len(metrics)} names, e.g. " + ", ".join(sorted(metrics)[:8]))
+    calls = [p for p in store.metric_points() if p["name"] == "eacgm.calls"
+             and p["attributes"].get("code.function.name") == "cudaLaunchKernel"]
+    if calls:
+        print(f"  eacgm.calls{{cudaLaunchKernel}} = {max(p['value'] for p in calls)} (counted from every call)")
+    if jaeger_ui:
+        url = f"{jaeger_ui}/api/traces?service={SERVICE}&limit=1000"
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            traces = json.load(resp)["data"]
+        print(f"Jaeger holds {len(traces)} traces of {SERVICE!r}: open {jaeger_ui}/search?service={SERVICE}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--workload", choices=["auto", "train", "cuda-steps"], default="auto")
+    ap.add_argument("--keep", action="store_true", help="keep the collector and Jaeger running until Ctrl-C")
+    ap.add_argument("--ui-port", type=int, default=16686, help="Jaeger UI / query API port")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("demo: eBPF needs root: run `sudo make demo`")
+    collector = built("build-collector.sh")
+    jaeger = built("build-jaeger.sh")
+    workdir = Path(tempfile.mkdtemp(prefix="otel-eacgm-demo-"))
+    server, store, store_port = serve()
+    ports = {"EACGM_COLLECTOR_GRPC_PORT": free_port(), "EACGM_COLLECTOR_HTTP_PORT": free_port(),
+             "EACGM_STORE_PORT": store_port, "EACGM_JAEGER_OTLP_PORT": free_port(),
+             "EACGM_JAEGER_UI_PORT": args.ui_port, "EACGM_JAEGER_QUERY_GRPC_PORT": free_port()}
+    env = dict(os.environ, **{k: str(v) for k, v in ports.items()})
+    procs: list[subprocess.Popen] = []
+    try:
+        jlog = workdir / "jaeger.log"
+        procs.append(subprocess.Popen([str(jaeger), "--config", str(REPO / "collector-config/jaeger-local.yaml")],
+                                      env=env, stdout=jlog.open("wb"), stderr=subprocess.STDOUT))
+        wait_port(args.ui_port, "Jaeger", procs[-1], jlog)
+        clog = workdir / "collector.log"
+        procs.append(subprocess.Popen([str(collector), "--config", str(REPO / "collector-config/demo.yaml")],
+                                      env=env, stdout=clog.open("wb"), stderr=subprocess.STDOUT))
+        wait_port(ports["EACGM_COLLECTOR_GRPC_PORT"], "the collector", procs[-1], clog)
+        jaeger_ui = f"http://127.0.0.1:{args.ui_port}"
+        command, layer = pick_workload(args.workload, args.steps)
+        agent = [str(Path(sys.executable).parent / "otel-eacgm"), "agent", "--insecure", "--launch-layer", layer,
+                 "--endpoint", f"http://127.0.0.1:{ports['EACGM_COLLECTOR_GRPC_PORT']}", "--", *command]
+        print(f"collector: otlp grpc 127.0.0.1:{ports['EACGM_COLLECTOR_GRPC_PORT']} -> Jaeger {jaeger_ui} + summary")
+        print(f"agent:     {' '.join(agent)}")
+        alog = workdir / "agent.log"
+        progress: list[str] = []
+        stop = threading.Event()
+        ticker = threading.Thread(target=live_summary, args=(store, stop, progress), daemon=True)
+        ticker.start()
+        run = subprocess.Popen(agent, env=dict(env, OTEL_SERVICE_NAME=SERVICE, OTEL_EACGM_METRICS_INTERVAL_S="2"),
+                               stdout=subprocess.PIPE, stderr=alog.open("wb"), text=True)
+        for line in run.stdout:
+            progress.append(line.strip())
+        status = run.wait()
+        stop.set()
+        ticker.join()
+        done = [line for line in alog.read_text().splitlines() if " done: " in line]
+        print(f"\nagent exit {status}; " + (done[-1].split(" done: ", 1)[1] if done else f"no summary, see {alog}"))
+        store.wait_for(lambda: len(store.spans()) > 0, 5)
+        time.sleep(1.5)  # the collector's batch timeout: the last spans are on their way
+        report(store, jaeger_ui)
+        print(f"logs: {workdir}")
+        if args.keep:
+            print("collector and Jaeger keep running; Ctrl-C to stop")
+            try:
+                while True:
+                    time.sleep(3600)
+            except KeyboardInterrupt:
+                pass
+        return status
+    finally:
+        for proc in reversed(procs):
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        server.stop(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
