@@ -1,8 +1,8 @@
 """``otel-eacgm detector {serve,fit,score}``.
 
 ``serve`` runs the OTLP receiver; ``fit`` trains a model offline from recorded OTLP
-(``.jsonl``/``.json``) or a CSV of window features; ``score`` writes, per CSV row, the
-score and the 0/1 anomaly flag at the model's own threshold.
+(``.jsonl``/``.json``) or a CSV of window features; ``score`` writes, per CSV row (or per
+window of a recording), the score and the 0/1 anomaly flag at the model's own threshold.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ import numpy as np
 from eacgm_detector.config import DetectorConfig
 from eacgm_detector.online import fit_rows, model_from_config
 from eacgm_detector.persist import SavedModel, load_model, save_model
-from eacgm_detector.replay import read_csv, windows_from_otlp
+from eacgm_detector.records import entity_label
+from eacgm_detector.replay import read_csv, score_otlp, windows_from_otlp
 
 log = logging.getLogger("eacgm_detector")
 
@@ -46,6 +47,8 @@ def _serve(args) -> int:
 
     cfg = _config(args)
     model = load_model(cfg.model_path) if cfg.model_path else None
+    if model is not None:
+        cfg = _model_window(cfg, model)
     exporter = (OtlpExporter(cfg.export_endpoint, insecure=cfg.export_insecure, ca_file=cfg.export_ca_file)
                 if cfg.export_endpoint else None)
     svc = DetectorService(cfg, Detector(cfg, model), exporter).start()
@@ -74,8 +77,19 @@ def _fit(args) -> int:
     return 0
 
 
+def _model_window(cfg: DetectorConfig, model: SavedModel) -> DetectorConfig:
+    """Use the window length the model was trained on: its counts and rates mean nothing
+    over another length."""
+    if model.window_s is not None and model.window_s != cfg.window_s:
+        log.warning("window_s %.6g replaced by the model's own %.6g", cfg.window_s, model.window_s)
+        cfg.window_s = model.window_s
+    return cfg.validate()
+
+
 def _score(args) -> int:
     model = load_model(args.model)
+    if args.input.endswith((".jsonl", ".json")):
+        return _score_otlp(args, model)
     names, X, stamps = read_csv(args.input)
     missing = [n for n in model.feature_names if n not in names]
     if len(missing) == len(model.feature_names):
@@ -92,9 +106,28 @@ def _score(args) -> int:
         w.writerow((["timestamp"] if stamps is not None else []) + ["score", "anomaly"])
         for i, (s, f) in enumerate(zip(scores, flags)):
             w.writerow(([stamps[i]] if stamps is not None else []) + [f"{s:.6g}", int(f)])
-    print(f"scored {len(scores)} rows, {int(flags.sum())} anomalous at threshold "
-          f"{model.detector.threshold_:.3f}; wrote {args.output}")
+    _report(len(scores), int(flags.sum()), model, args.output)
     return 0
+
+
+def _score_otlp(args, model: SavedModel) -> int:
+    """One row per window of a recording: window start (``timestamp``, ns), end, entity,
+    score, flag and the top contributing features of flagged windows."""
+    cfg = _model_window(_config(args), model)
+    results = score_otlp(args.input, cfg, model)
+    with open(args.output, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["timestamp", "window_end", "entity", "score", "anomaly", "top_features"])
+        for r in results:
+            w.writerow([r.start_ns, r.end_ns, entity_label(r.entity), f"{r.score:.6g}",
+                        int(r.anomalous), ";".join(c.name for c in r.top)])
+    _report(len(results), sum(r.anomalous for r in results), model, args.output)
+    return 0
+
+
+def _report(n: int, flagged: int, model: SavedModel, output: str) -> None:
+    print(f"scored {n} rows, {flagged} anomalous at threshold "
+          f"{model.detector.threshold_:.3f}; wrote {output}")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -113,11 +146,12 @@ def _parser() -> argparse.ArgumentParser:
     fit.add_argument("--window-s", dest="window_s", type=float)
     fit.add_argument("--threshold-method", dest="threshold_method")
     fit.add_argument("--threshold-risk", dest="threshold_risk", type=float)
-    score = sub.add_parser("score", help="score a feature CSV with a saved model")
-    score.add_argument("--model", required=True)
-    score.add_argument("--input", required=True)
-    score.add_argument("--output", required=True)
-    for s in (serve, fit):
+    score = sub.add_parser("score", help="score a feature CSV or recorded OTLP with a saved model")
+    score.add_argument("--model", required=True, help="model file from `fit`")
+    score.add_argument("--input", required=True,
+                       help="feature CSV (one row per window) or recorded OTLP (.jsonl)")
+    score.add_argument("--output", required=True, help="CSV of score and 0/1 anomaly per row")
+    for s in (serve, fit, score):
         s.add_argument("--config", help="YAML file of detector config keys")
     return p
 

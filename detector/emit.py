@@ -1,7 +1,7 @@
 """Window results to OTLP requests: anomaly log events, score gauges, annotated spans.
 
 Pure functions from results to protobuf messages; ``exporter.py`` sends them. Every name
-used here is listed in ``docs/semconv-detector.md``.
+used here is listed in ``docs/detector.md``.
 """
 
 from __future__ import annotations

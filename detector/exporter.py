@@ -54,6 +54,10 @@ class OtlpExporter:
                 try:
                     self._queue.get_nowait()
                     self._queue.task_done()
+                    if not self.counters["dropped"]:
+                        # Once, not per request: the count is in counters["dropped"].
+                        log.warning("OTLP output to %s falls behind: queue of %d full, dropping "
+                                    "the oldest requests", self.endpoint, self._queue.maxsize)
                     self.counters["dropped"] += 1
                 except queue.Empty:
                     pass

@@ -1,6 +1,6 @@
 """Window features: stable, bounded names built from whatever telemetry arrives.
 
-Names (``docs/semconv-detector.md`` lists them):
+Names (``docs/detector.md`` lists them):
 
 - ``span.<layer>.<function>.count``, ``.error_rate``, ``.log_duration.mean``,
   ``.log_duration.p95`` and, for spans with ``nccl.bytes``, ``.log_bandwidth``;

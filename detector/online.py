@@ -7,6 +7,7 @@ because it keeps every entity's result independent of how entities are spread ov
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -18,8 +19,10 @@ from eacgm_detector.features import (Vocabulary, feature_category, feature_names
                                      window_features)
 from eacgm_detector.model import GMMDetector
 from eacgm_detector.persist import SavedModel
-from eacgm_detector.records import Entity
+from eacgm_detector.records import Entity, entity_label
 from eacgm_detector.windows import EntityWindows, Window
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -57,7 +60,7 @@ def model_from_config(cfg: DetectorConfig) -> GMMDetector:
 def fit_rows(cfg: DetectorConfig, rows: list[dict[str, float]]) -> SavedModel:
     """Fit a model on feature dicts (one per window)."""
     names = feature_names(rows)
-    return SavedModel(model_from_config(cfg).fit(vectorize(rows, names)), names)
+    return SavedModel(model_from_config(cfg).fit(vectorize(rows, names)), names, cfg.window_s)
 
 
 class EntityDetector:
@@ -80,6 +83,12 @@ class EntityDetector:
         self.model = fit_rows(self.cfg, list(self.history))
         self._since_fit = 0
         self.fits += 1
+        det = self.model.detector
+        # The label-free threshold is reported here, once per fit, not per window.
+        log.info("%s model %d: %d windows, %d features, %d components (%s), threshold %.3f (%s)",
+                 entity_label(self.windows.entity), self.fits, len(self.history),
+                 len(self.model.feature_names), det.n_components_, det.covariance_type,
+                 det.threshold_, det.threshold_method_)
 
     def score(self, win: Window) -> WindowResult:
         """Score a closed window (or learn from it while warming up)."""

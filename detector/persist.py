@@ -24,10 +24,15 @@ _MIXTURE_ARRAYS = ("weights_", "means_", "covariances_", "precisions_cholesky_",
 
 @dataclass
 class SavedModel:
-    """A fitted detector together with the names of the features it expects, in order."""
+    """A fitted detector together with the names of the features it expects, in order.
+
+    ``window_s`` is the window length the features were computed over, when they came from
+    telemetry (counts and rates depend on it); None for models fitted on a CSV.
+    """
 
     detector: GMMDetector
     feature_names: list[str]
+    window_s: float | None = None
 
 
 def save_model(path: str | Path, model: SavedModel) -> None:
@@ -46,6 +51,7 @@ def save_model(path: str | Path, model: SavedModel) -> None:
         "n_components": int(det.n_components_),
         "threshold": float(det.threshold_),
         "threshold_method": det.threshold_method_,
+        "window_s": model.window_s,
     }
     meta["params"]["random_state"] = _plain_seed(meta["params"]["random_state"])
     arrays = {name: getattr(det, name) for name in _ARRAYS}
@@ -84,7 +90,7 @@ def load_model(path: str | Path) -> SavedModel:
     det.threshold_ = det.offset_ = meta["threshold"]
     det.threshold_method_ = meta["threshold_method"]
     det.n_iter_ = 0
-    return SavedModel(det, list(meta["feature_names"]))
+    return SavedModel(det, list(meta["feature_names"]), meta.get("window_s"))
 
 
 def _plain_seed(seed):

@@ -23,6 +23,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from eacgm_detector.config import DetectorConfig
 from eacgm_detector.features import window_features
+from eacgm_detector.online import WindowResult
+from eacgm_detector.persist import SavedModel
 from eacgm_detector.pipeline import Detector
 
 _KINDS = {"resourceSpans": ExportTraceServiceRequest, "resourceMetrics": ExportMetricsServiceRequest,
@@ -58,20 +60,36 @@ def read_otlp_jsonl(path: str | Path) -> Iterator:
                 raise ValueError(f"{path}:{lineno}: not an OTLP/JSON export request ({exc})") from exc
 
 
+def _replay(path: str | Path, det: Detector, collect) -> list:
+    """Feed a recording to ``det`` request by request; ``collect(final)`` gathers what the
+    watermark released after each request (``final=False``) and the rest at the end."""
+    add = {ExportTraceServiceRequest: det.add_traces, ExportMetricsServiceRequest: det.add_metrics,
+           ExportLogsServiceRequest: det.add_logs}
+    out = []
+    for req in read_otlp_jsonl(path):
+        add[type(req)](req)
+        out.extend(collect(False))
+    out.extend(collect(True))
+    return out
+
+
 def windows_from_otlp(path: str | Path, cfg: DetectorConfig) -> list[dict[str, float]]:
     """Feature dicts of every window in a recording, all entities pooled, in time order."""
     det = Detector(cfg)
-    add = {ExportTraceServiceRequest: det.add_traces, ExportMetricsServiceRequest: det.add_metrics,
-           ExportLogsServiceRequest: det.add_logs}
-    wins = []
-    for req in read_otlp_jsonl(path):
-        add[type(req)](req)
-        for ent in det.entities.values():
-            wins.extend(ent.windows.ready())
-    for ent in det.entities.values():
-        wins.extend(ent.windows.drain())
+
+    def closed(final: bool) -> list:
+        return [w for ent in det.entities.values()
+                for w in (ent.windows.drain() if final else ent.windows.ready())]
+    wins = _replay(path, det, closed)
     wins.sort(key=lambda w: (w.start_ns, w.entity))
     return [window_features(w) for w in wins]
+
+
+def score_otlp(path: str | Path, cfg: DetectorConfig, model: SavedModel) -> list[WindowResult]:
+    """Every window of a recording scored by a fixed ``model``, in time order."""
+    det = Detector(cfg, model)
+    results = _replay(path, det, lambda final: det.drain() if final else det.ready())
+    return sorted(results, key=lambda r: (r.start_ns, r.entity))
 
 
 def read_csv(path: str | Path) -> tuple[list[str], np.ndarray, list[str] | None]:

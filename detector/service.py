@@ -147,4 +147,5 @@ class DetectorService:
         self._emit(self.detector.drain())
         if self.exporter is not None:
             self.exporter.shutdown()
+            log.info("detector output: %s", dict(self.exporter.counters))
         log.info("detector stopped: %s", dict(self.detector.counters))

@@ -37,6 +37,9 @@ if [[ ! -f $stamp || pyproject.toml -nt $stamp ]]; then
   log "installing otel-eacgm and its test dependencies into .venv"
   "$venv/bin/python" -m pip install -q --upgrade pip
   "$venv/bin/python" -m pip install -q -e ".[test]"
+  # VUS-PR for benchmarks/detector_accuracy.py; --no-deps: the metric needs only numpy and
+  # scikit-learn, its declared dependencies (torch, transformers, ...) are for its models.
+  "$venv/bin/python" -m pip install -q --no-deps "tsb-ad==1.5"
   touch "$stamp"
 fi
 "$venv/bin/python" -c "import bcc" || { echo "setup: the venv cannot import bcc (python3-bpfcc)" >&2; exit 1; }

@@ -38,14 +38,27 @@ class Receiver(trace_service_pb2_grpc.TraceServiceServicer,
 
 
 @pytest.fixture
-def receiver():
+def receivers():
+    """Factory of (Receiver, "127.0.0.1:port"), each a real gRPC server until the test ends."""
+    servers = []
+
+    def start():
+        rec = Receiver()
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(rec, server)
+        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(rec, server)
+        logs_service_pb2_grpc.add_LogsServiceServicer_to_server(rec, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        server.start()
+        servers.append(server)
+        return rec, f"127.0.0.1:{port}"
+
+    yield start
+    for server in servers:
+        server.stop(0).wait()
+
+
+@pytest.fixture
+def receiver(receivers):
     """(Receiver, "127.0.0.1:port") served by a real gRPC server for the test's duration."""
-    rec = Receiver()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(rec, server)
-    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(rec, server)
-    logs_service_pb2_grpc.add_LogsServiceServicer_to_server(rec, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    yield rec, f"127.0.0.1:{port}"
-    server.stop(0).wait()
+    return receivers()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import csv
 import json
 import subprocess
@@ -12,7 +13,7 @@ from google.protobuf import json_format
 
 from eacgm_detector.cli import main
 from eacgm_detector.persist import load_model
-from recording import recording
+from detector_recording import SEC, T0, recording
 
 
 def write_csv(path, X, names, stamps=None):
@@ -47,16 +48,39 @@ def test_fit_and_score_csv(tmp_path):
     assert all((float(r["score"]) < threshold) == (r["anomaly"] == "1") for r in rows)
 
 
-def test_fit_from_recorded_otlp_jsonl(tmp_path):
-    path = tmp_path / "run.jsonl"
+def write_jsonl(path, reqs):
+    """OTLP/JSON lines as the collector's file exporter writes them: ids in hex."""
     with open(path, "w") as fh:
-        for req in recording([0, 1], 40):
-            fh.write(json.dumps(json_format.MessageToDict(req)) + "\n")
+        for req in reqs:
+            doc = json_format.MessageToDict(req)
+            for rs in doc.get("resourceSpans", []):
+                for ss in rs["scopeSpans"]:
+                    for sp in ss["spans"]:
+                        sp["traceId"] = base64.b64decode(sp["traceId"]).hex()
+                        sp["spanId"] = base64.b64decode(sp["spanId"]).hex()
+            fh.write(json.dumps(doc) + "\n")
+
+
+def test_fit_and_score_recorded_otlp_jsonl(tmp_path):
+    write_jsonl(tmp_path / "run.jsonl", recording([0, 1], 150))
     out = tmp_path / "m.npz"
-    assert main(["fit", "--input", str(path), "--output", str(out), "--window-s", "1"]) == 0
-    names = load_model(out).feature_names
-    assert "span.nccl.ncclAllReduce.log_bandwidth" in names
-    assert "metric.hw.gpu.utilization.mean" in names
+    assert main(["fit", "--input", str(tmp_path / "run.jsonl"), "--output", str(out), "--window-s", "1"]) == 0
+    model = load_model(out)
+    assert "span.nccl.ncclAllReduce.log_bandwidth" in model.feature_names
+    assert "metric.hw.gpu.utilization.mean" in model.feature_names
+    assert model.window_s == 1.0
+
+    write_jsonl(tmp_path / "test.jsonl", recording([0, 1], 40, {20: "bandwidth", 30: "gpu"}, seed=99))
+    # The model's own window length is used, not the default 10 s.
+    assert main(["score", "--model", str(out), "--input", str(tmp_path / "test.jsonl"),
+                 "--output", str(tmp_path / "scores.csv")]) == 0
+    rows = list(csv.DictReader(open(tmp_path / "scores.csv")))
+    assert len(rows) == 2 * 40
+    flagged = {(r["entity"], (int(r["timestamp"]) - T0) // SEC) for r in rows if r["anomaly"] == "1"}
+    assert {w for _, w in flagged} == {20, 30} and len(flagged) == 4
+    top = {(int(r["timestamp"]) - T0) // SEC: r["top_features"] for r in rows if r["anomaly"] == "1"}
+    assert "ncclAllReduce" in top[20]
+    assert "hw.gpu.utilization" in top[30] or "hw.power" in top[30]
 
 
 def test_errors_exit_2_and_name_the_problem(tmp_path, capsys):
@@ -70,3 +94,14 @@ def test_errors_exit_2_and_name_the_problem(tmp_path, capsys):
 def test_python_dash_m_entry_point():
     out = subprocess.run([sys.executable, "-m", "eacgm_detector", "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "fit" in out.stdout and "score" in out.stdout
+
+
+def test_otel_eacgm_detector_subcommand(tmp_path, capsys):
+    from otel_eacgm.cli import main as otel_eacgm_main
+
+    rng = np.random.default_rng(1)
+    write_csv(tmp_path / "train.csv", rng.normal(size=(200, 2)), ["a", "b"])
+    assert otel_eacgm_main(["detector", "fit", "--input", str(tmp_path / "train.csv"),
+                            "--output", str(tmp_path / "m.npz"), "--covariance-type", "diag"]) == 0
+    assert "(diag)" in capsys.readouterr().out
+    assert load_model(tmp_path / "m.npz").detector.covariance_type == "diag"

@@ -1,11 +1,11 @@
 """Detector benchmark: labeled server-metric data sets, the detector against baselines.
 
 One model per entity, thresholds without test labels, figures averaged over entities:
-point-wise precision/recall/F1, event recall, AUC-PR and VUS-PR (``tsb-ad``), for the
-detector, random scores, PCA reconstruction error and IsolationForest. Then throughput
-(windows/s scored, spans/s ingested by one process) and peak memory.
+point-wise precision/recall/F1, event recall, AUC-PR and VUS-PR (``tsb-ad``, installed by
+scripts/setup.sh), for the detector, random scores, PCA reconstruction error and
+IsolationForest. Throughput and memory are in detector_throughput.py.
 
-    .venv/bin/python benchmarks/detector_asd.py [--datasets asd jumpstarter2] [--no-vus]
+    .venv/bin/python benchmarks/detector_accuracy.py [--datasets asd jumpstarter2] [--no-vus]
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 from detector_baselines import SCORERS  # noqa: E402
-from detector_ingest import ingest_rate  # noqa: E402
 from detector_metrics import figures, generate_curve  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "datasets"
@@ -76,12 +75,8 @@ def main(argv: list[str]) -> int:
         print(table(f"{ds}: {len(ents)} entities, one model each, mean over entities", means))
         gmm = [r["detector (GMM)"] for r in per_entity]
         print(f"detector fit+score: {np.mean([g['_s'] for g in gmm]):.2f} s per entity (mean)")
-    rates = ingest_rate()
-    print(f"\nthroughput (one process): {rates['windows_per_s']:.0f} windows/s scored "
-          f"({rates['features']} features), {rates['spans_per_s']:.0f} spans/s ingested "
-          f"(decode + window + features), {rates['grpc_spans_per_s']:.0f} spans/s through gRPC")
-    print(f"peak RSS: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB (this process), "
-          f"{resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024:.0f} MiB (largest worker)")
+    print(f"\npeak RSS of the largest worker (one entity's fits and scores at a time): "
+          f"{resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024:.0f} MiB")
     print(f"total {time.perf_counter() - started:.0f} s")
     return 0
 

@@ -9,9 +9,14 @@ and power collapse, a 6x slower all-reduce for the same bytes, or failing all-re
 
 from __future__ import annotations
 
+import time
+
+import grpc
 import numpy as np
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2_grpc import MetricsServiceStub
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc import TraceServiceStub
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality
 from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
@@ -83,3 +88,17 @@ def recording(ranks: list[int], n_windows: int, anomalies: dict[int, str] | None
         for r in ranks:
             out.extend(window_requests(r, w, rngs[r], (anomalies or {}).get(w)))
     return out
+
+
+def send(channel, req, give_up_s: float = 60.0):
+    """Export like an OTLP exporter: retry UNAVAILABLE (back-pressure) with exponential back-off."""
+    stub = (TraceServiceStub if isinstance(req, ExportTraceServiceRequest) else MetricsServiceStub)(channel)
+    deadline, delay = time.monotonic() + give_up_s, 0.005
+    while True:
+        try:
+            return stub.Export(req, timeout=10)
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(2 * delay, 0.2)
