@@ -44,9 +44,18 @@ def test_yaml_load_and_unknown_keys(tmp_path):
 def test_loadbalancing_gateway_routes_by_entity():
     doc = yaml.safe_load((ROOT / "collector-config" / "gateway-loadbalancing.yaml").read_text())
     lb = doc["exporters"]["loadbalancing"]
-    # Entities are resource attributes, so routing by resource keeps each entity on one replica.
-    assert lb["routing_key"] == "resource"
+    # Entities are resource attributes: routing by them keeps each entity on one replica
+    # (the exporter's `resource` key does not serve spans).
+    assert lb["routing_key"] == "attributes"
+    assert set(lb["routing_attributes"]) <= set(DetectorConfig().entity_attributes)
     for pipeline in ("traces", "metrics"):
         assert "loadbalancing" in doc["service"]["pipelines"][pipeline]["exporters"]
-    # Logs can only be routed by trace id, which would split an entity over replicas.
+    # Logs are not sent to the replicas in this layout.
     assert "loadbalancing" not in doc["service"]["pipelines"]["logs"]["exporters"]
+
+
+def test_docs_example_config_loads():
+    text = (ROOT / "docs" / "detector.md").read_text()
+    block = text.split("```yaml\n", 1)[1].split("```", 1)[0]
+    cfg = DetectorConfig.from_mapping(yaml.safe_load(block))
+    assert cfg.warmup_windows == 90 and cfg.listen == "0.0.0.0:4319"
