@@ -37,11 +37,15 @@ int main(int argc, char **argv)
 	void_fn gstart = (void_fn)dlsym(nccl, "ncclGroupStart"), gend = (void_fn)dlsym(nccl, "ncclGroupEnd");
 	long n = atol(argv[3]);
 	dim3 g = {1, 1, 1}, b = {32, 1, 1};
-	launch(NULL, g, b, NULL, 0, NULL); /* first call initialises the runtime (fails without GPU) */
+	/* A real, readable host address that is no registered kernel stub: the runtime answers
+	 * cudaErrorInvalidDeviceFunction on a GPU (a made-up pointer crashes it there) and
+	 * cudaErrorInsufficientDriver without one. */
+	const void *stub = dlsym(rt, "cudaGetErrorName");
+	launch(stub, g, b, NULL, 0, NULL); /* first call initialises the runtime */
 	double rate = argc == 5 ? atof(argv[4]) : 0;
 	double t0 = now_ns();
 	for (long i = 0; i < n; i++) {
-		launch((const void *)0x1, g, b, NULL, 0, NULL);
+		launch(stub, g, b, NULL, 0, NULL);
 		if (rate > 0 && i % 100 == 99) {
 			double due = t0 + (i + 1) * 1e9 / rate;
 			while (now_ns() < due)

@@ -57,6 +57,8 @@ def main() -> None:
     args = ap.parse_args()
     torch.manual_seed(0)
     device = torch.device(args.device)
+    if device.type == "cuda" and device.index is None:  # init_process_group wants an indexed device
+        device = torch.device("cuda", torch.cuda.current_device())
     distributed = device.type == "cuda" and not args.no_nccl
     if distributed:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
