@@ -14,10 +14,16 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from collector_build import collector_binary  # noqa: E402
 from loopback import free_port, wait_port  # noqa: E402
 from otel_eacgm.otlp_store import Store, serve  # noqa: E402
 
 REQUIRE_EBPF = os.environ.get("OTEL_EACGM_REQUIRE_EBPF") == "1"
+
+
+def pytest_configure(config: pytest.Config) -> None:  # noqa: ARG001
+    """Agents started by tests export every span (the default samples), unless a test says otherwise."""
+    os.environ.setdefault("OTEL_EACGM_SPAN_SAMPLE_RATIO", "1")
 
 
 def _ebpf_problem() -> str | None:
@@ -45,14 +51,6 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         if REQUIRE_EBPF:
             pytest.fail(f"eBPF is required here (OTEL_EACGM_REQUIRE_EBPF=1) but unavailable: {problem}")
         pytest.skip(f"eBPF unavailable: {problem}")
-
-
-def collector_binary() -> Path:
-    """The cached collector build (scripts/build-collector.sh builds it on first use)."""
-    subprocess.run(["bash", str(REPO / "scripts/build-collector.sh")], check=True)
-    out = subprocess.run(["bash", str(REPO / "scripts/build-collector.sh"), "--path"], check=True,
-                         capture_output=True, text=True)
-    return Path(out.stdout.strip())
 
 
 class Pipeline:
