@@ -1,11 +1,13 @@
-/* Call capture for CUDA runtime, CUDA driver and NCCL (and any other C ABI library the agent's
- * probe catalog names). One uprobe (and, where the catalog asks, one uretprobe) per traced
- * function; entry and return are matched here, per thread, so user space receives one
- * completed-call record per call and never has to pair events.
+/* Call capture for every layer: CUDA runtime, CUDA driver, NCCL, PyTorch operators (any C ABI
+ * or C++ function the agent's probe catalog or operator discovery names) and Python functions
+ * (CPython's function__entry/function__return USDT probes). One uprobe (and, where asked, one
+ * uretprobe) per traced function; entry and return are matched here, per thread, on one stack
+ * shared by all layers, so user space receives one completed-call record per call, already
+ * parented (Python > torch op > CUDA runtime > driver), and never has to pair events.
  *
  * Each catalog row gets a probe slot N: the agent attaches entry_N / return_N and writes the
  * row's settings into probe_conf[N]. Knobs arrive as -D flags (see otel_eacgm/bpf_loader.py):
- *   EACGM_PROBE_SLOTS    number of entry_N/return_N pairs compiled (multiple of 10, <= 200)
+ *   EACGM_PROBE_SLOTS    number of entry_N/return_N pairs compiled (multiple of 10, <= 320)
  *   EACGM_RINGBUF_PAGES  ring buffer size in pages (power of two)
  *   EACGM_FILTER_PIDS    trace only tgids present in `targets` (else every process)
  *   EACGM_FOLLOW_FORKS   children of a traced process are traced too
@@ -18,7 +20,7 @@
 #include "events.h"
 
 #ifndef EACGM_PROBE_SLOTS
-#define EACGM_PROBE_SLOTS 100
+#define EACGM_PROBE_SLOTS 320
 #endif
 #ifndef EACGM_RINGBUF_PAGES
 #define EACGM_RINGBUF_PAGES 256
@@ -52,6 +54,9 @@ struct frame {
 	__u64 entry_ns;
 	__u32 probe_id;
 	__u32 flags;
+	__u64 sp;           /* stack pointer at entry (the return address' slot) */
+	__u32 exit_probes;  /* returns come from probes at return instructions */
+	__u32 pad0;
 	__u64 args[EACGM_MAX_ARGS];
 	__u8 deref[EACGM_DEREF_BYTES];
 };
@@ -69,6 +74,16 @@ BPF_HASH(inflight, struct frame_key, struct frame, 65536);
 BPF_HASH(targets, __u32, __u8, 65536);
 BPF_HASH(opening, __u32, struct open_path, 1024);
 BPF_PERCPU_ARRAY(scratch, struct open_path, 1);
+BPF_ARRAY(py_rules, struct py_rule, EACGM_PY_RULES);
+BPF_ARRAY(py_conf, struct probe_conf, 1); /* usdt_reg of the interpreters' function probes */
+
+struct py_scratch {
+	char func[EACGM_FUNC_BYTES];
+	char file[EACGM_PATH_BYTES];
+};
+/* FNV-1a hash of a path component named by some rule -> the rule bits (py_rule.need) it sets */
+BPF_HASH(py_names, __u32, __u64, EACGM_PY_NAMES);
+BPF_PERCPU_ARRAY(py_scratch, struct py_scratch, 1);
 
 static __always_inline void count(int stat)
 {
@@ -161,29 +176,238 @@ static __always_inline void emit(struct frame *f, __u32 tgid, __u32 tid, __u32 d
 	events.ringbuf_submit(ev, 0);
 }
 
-static __always_inline int on_entry(struct pt_regs *ctx, __u32 probe_id)
+/* --- Python functions -------------------------------------------------------------------- */
+#define FNV_OFFSET 2166136261u
+#define FNV_PRIME 16777619u
+
+static __always_inline __u64 usdt_arg(struct pt_regs *ctx, int off)
+{
+	__u64 v = 0;
+	if (off >= 0 && off <= (int)(sizeof(struct pt_regs) - sizeof(__u64)))
+		bpf_probe_read_kernel(&v, sizeof(v), (char *)ctx + off);
+	return v;
+}
+
+/* Whether a Python function is traced: the agent's rules decide (first match wins). Every
+ * Python call of the process reaches this probe, so a decision costs one pass over the file
+ * name with a hash lookup per path component, and a few compares per rule; functions not
+ * traced leave the stack untouched. */
+static __always_inline int py_traced(__u64 file_ptr, __u64 func_ptr)
+{
+	int zero = 0;
+	struct py_scratch *s = py_scratch.lookup(&zero);
+	if (!s)
+		return 0;
+	if (bpf_probe_read_user_str(s->func, sizeof(s->func), (void *)func_ptr) < 0 ||
+	    bpf_probe_read_user_str(s->file, sizeof(s->file), (void *)file_ptr) < 0)
+		return 0;
+	__u32 fh = FNV_OFFSET;
+	for (int i = 0; i < EACGM_FUNC_BYTES; i++) {
+		char c = s->func[i];
+		if (!c)
+			break;
+		fh = (fh ^ (__u8)c) * FNV_PRIME;
+	}
+	/* h == FNV_OFFSET marks an empty component (a length counter would be tracked exactly by
+	 * the verifier, once per value). */
+	__u64 have = 0;
+	__u32 h = FNV_OFFSET, h_dot = 0;
+	for (int i = 0; i < EACGM_PATH_BYTES; i++) {
+		char c = s->file[i];
+		if (c == '/' || c == 0) {
+			if (h != FNV_OFFSET) {
+				/* the file's own component counts without its extension (module name) */
+				__u32 comp = (c == 0 && h_dot) ? h_dot : h;
+				__u64 *bits = py_names.lookup(&comp);
+				if (bits)
+					have |= *bits;
+			}
+			if (!c)
+				break;
+			h = FNV_OFFSET;
+			h_dot = 0;
+			continue;
+		}
+		if (c == '.')
+			h_dot = h;
+		h = (h ^ (__u8)c) * FNV_PRIME;
+	}
+	for (int r = 0; r < EACGM_PY_RULES; r++) {
+		int key = r;
+		struct py_rule *rule = py_rules.lookup(&key);
+		if (!rule || !rule->used)
+			return 0;
+		if (rule->func_hash && rule->func_hash != fh)
+			continue;
+		if ((have & rule->need) != rule->need)
+			continue;
+		int ok = 1;
+#pragma unroll
+		for (int j = 0; j < 16; j++) {
+			if (j < rule->prefix_len && s->file[j] != rule->prefix[j])
+				ok = 0;
+		}
+		if (ok)
+			return rule->include;
+	}
+	return 0;
+}
+
+static __always_inline void emit_py(struct frame *f, __u32 tgid, __u32 tid, __u32 depth, __u64 exit_ns)
+{
+	struct py_call_event *ev = events.ringbuf_reserve(sizeof(struct py_call_event));
+	if (!ev) {
+		count(STAT_RINGBUF_DROPS);
+		return;
+	}
+	fill_event(&ev->call, f, tgid, tid, depth);
+	ev->call.type = EACGM_EVENT_PY_CALL;
+	ev->call.flags = EACGM_FLAG_RETURNED | f->flags;
+	ev->call.exit_ns = exit_ns;
+	ev->call.ret = 0;
+	ev->call.out_value = 0;
+	if (bpf_probe_read_user_str(ev->func, sizeof(ev->func), (void *)f->args[1]) < 0)
+		ev->func[0] = 0;
+	if (bpf_probe_read_user_str(ev->file, sizeof(ev->file), (void *)f->args[0]) < 0)
+		ev->file[0] = 0;
+	events.ringbuf_submit(ev, 0);
+}
+
+/* --- every layer ------------------------------------------------------------------------- */
+/* Frames that a C++ exception unwound: their return instructions never ran. A frame is gone
+ * when the stack pointer is back above its entry stack pointer (the stack grows down; at a
+ * return instruction, back at it), which the thread's next entry or return shows. Only frames
+ * of exit-probed functions can be left so (uretprobes see every return, Python returns come
+ * from the interpreter). The check is one lookup; the rare cleanup runs in its own program
+ * (tail call `unwind`, which then continues with the interrupted program) to keep each
+ * program's verification small. */
+enum eacgm_tail {
+	TAIL_ENTRY = 0, TAIL_RETURN = 1, TAIL_UNWIND = 2, TAIL_PY_ENTRY = 3, TAIL_PY_RETURN = 4,
+	TAIL_COUNT = 5,
+};
+BPF_PROG_ARRAY(tails, TAIL_COUNT);
+struct slot_call {
+	__u32 slot;
+	__u32 cont; /* the program `unwind` continues with */
+};
+BPF_PERCPU_ARRAY(slot_arg, struct slot_call, 1);
+
+static __always_inline int stale(struct frame *top, __u64 sp, int at_return)
+{
+	return top->exit_probes && (at_return ? top->sp < sp : top->sp <= sp);
+}
+
+/* Tail-calls `unwind` when the thread's top frame is stale; returns only when it is not (or
+ * the tail call failed). */
+static __always_inline void check_unwound(struct pt_regs *ctx, __u32 tid, __u32 depth, int at_return, __u32 cont)
+{
+	if (depth == 0 || depth > EACGM_MAX_DEPTH)
+		return;
+	struct frame_key key = {.tid = tid, .depth = depth - 1};
+	struct frame *top = inflight.lookup(&key);
+	if (!top || !stale(top, PT_REGS_SP(ctx), at_return))
+		return;
+	int zero = 0;
+	struct slot_call *call = slot_arg.lookup(&zero);
+	if (!call)
+		return;
+	call->cont = cont;
+	tails.call(ctx, TAIL_UNWIND);
+}
+
+int unwind(struct pt_regs *ctx)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
+	int zero = 0;
+	struct slot_call *call = slot_arg.lookup(&zero);
+	if (!call)
+		return 0;
+	__u32 *dp = depths.lookup(&tid);
+	int at_return = call->cont == TAIL_RETURN || call->cont == TAIL_PY_RETURN;
+	__u32 depth = dp ? *dp : 0;
+	struct frame_key key = {.tid = tid, .depth = depth - 1};
+	struct frame *top = dp && depth > 0 && depth <= EACGM_MAX_DEPTH ? inflight.lookup(&key) : NULL;
+	if (dp && top && stale(top, PT_REGS_SP(ctx), at_return)) {
+		/* one frame per pass; the program calls itself for the next (the kernel bounds the
+		 * chain at 33 tail calls, far more than exception-unwound operator frames) */
+		emit(top, tgid, tid, depth - 1, EACGM_FLAG_UNWOUND, bpf_ktime_get_ns(), 0, 0, -1);
+		inflight.delete(&key);
+		if (depth == 1)
+			depths.delete(&tid);
+		else
+			*dp = depth - 1;
+		tails.call(ctx, TAIL_UNWIND);
+	}
+	tails.call(ctx, call->cont);
+	return 0;
+}
+
+/* function__return: pops the thread's top frame only when it is this function's frame (same
+ * file and name strings); a return of a function that was not traced changes nothing. */
+static __always_inline int on_py_return(struct pt_regs *ctx, __u32 probe_id, struct probe_conf *conf,
+					__u32 tgid, __u32 tid)
+{
+	if (!traced(tgid))
+		return 0;
+	__u32 *dp = depths.lookup(&tid);
+	if (!dp || *dp == 0 || *dp > EACGM_MAX_DEPTH)
+		return 0;
+	check_unwound(ctx, tid, *dp, 0, TAIL_PY_RETURN);
+	__u32 depth = *dp - 1;
+	struct frame_key key = {.tid = tid, .depth = depth};
+	struct frame *f = inflight.lookup(&key);
+	if (!f || f->probe_id != probe_id || f->args[0] != usdt_arg(ctx, conf->usdt_reg[0]) ||
+	    f->args[1] != usdt_arg(ctx, conf->usdt_reg[1]))
+		return 0;
+	if (depth == 0)
+		depths.delete(&tid);
+	else
+		*dp = depth;
+	emit_py(f, tgid, tid, depth, bpf_ktime_get_ns());
+	inflight.delete(&key);
+	return 0;
+}
+
+/* `python` is a constant: the slot programs compile without the Python branch. */
+static __always_inline int on_entry(struct pt_regs *ctx, __u32 probe_id, const int python)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	__u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
 	if (!traced(tgid))
 		return 0;
-	int slot = probe_id;
-	struct probe_conf *conf = probe_conf.lookup(&slot);
+	int slot = python ? 0 : probe_id;
+	struct probe_conf *conf = python ? py_conf.lookup(&slot) : probe_conf.lookup(&slot);
 	if (!conf)
 		return 0;
 
 	struct frame f = {};
-	f.probe_id = probe_id;
-	f.entry_ns = bpf_ktime_get_ns();
-	f.call_id = new_call_id();
-	read_args(ctx, f.args);
-	int deref = conf->deref_arg;
-	if (deref >= 0 && deref < EACGM_MAX_ARGS &&
-	    bpf_probe_read_user(f.deref, sizeof(f.deref), (void *)f.args[deref]) == 0)
-		f.flags |= EACGM_FLAG_DEREF;
-
 	__u32 *dp = depths.lookup(&tid);
 	__u32 depth = dp ? *dp : 0;
+	f.sp = PT_REGS_SP(ctx);
+	check_unwound(ctx, tid, depth, 0, python ? TAIL_PY_ENTRY : TAIL_ENTRY);
+	if (python) {
+		/* Not counted past the stack's end: on_py_return could not tell its frame apart. */
+		if (depth >= EACGM_MAX_DEPTH) {
+			count(STAT_DEPTH_OVERFLOW);
+			return 0;
+		}
+		f.args[0] = usdt_arg(ctx, conf->usdt_reg[0]); /* file name */
+		f.args[1] = usdt_arg(ctx, conf->usdt_reg[1]); /* function name */
+		f.args[2] = usdt_arg(ctx, conf->usdt_reg[2]); /* line number */
+		if (!py_traced(f.args[0], f.args[1]))
+			return 0;
+	} else {
+		read_args(ctx, f.args);
+		int deref = conf->deref_arg;
+		if (deref >= 0 && deref < EACGM_MAX_ARGS &&
+		    bpf_probe_read_user(f.deref, sizeof(f.deref), (void *)f.args[deref]) == 0)
+			f.flags |= EACGM_FLAG_DEREF;
+	}
+	f.probe_id = probe_id;
+	f.exit_probes = conf->exit_probes;
+	f.entry_ns = bpf_ktime_get_ns();
+	f.call_id = new_call_id();
 	if (depth > 0 && depth <= EACGM_MAX_DEPTH) {
 		struct frame_key pk = {.tid = tid, .depth = depth - 1};
 		struct frame *parent = inflight.lookup(&pk);
@@ -195,7 +419,7 @@ static __always_inline int on_entry(struct pt_regs *ctx, __u32 probe_id)
 	if (!f.root_id)
 		f.root_id = f.call_id;
 
-	if (!conf->has_return) {
+	if (!conf->has_return && !conf->exit_probes) {
 		emit(&f, tgid, tid, depth, 0, f.entry_ns, 0, 0, conf->str_arg);
 		return 0;
 	}
@@ -217,10 +441,23 @@ static __always_inline int on_return(struct pt_regs *ctx, __u32 probe_id)
 	__u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
 	if (!traced(tgid))
 		return 0;
+	int slot = probe_id;
+	struct probe_conf *conf = probe_conf.lookup(&slot);
+	if (!conf)
+		return 0;
 	__u32 *dp = depths.lookup(&tid);
 	if (!dp || *dp == 0) {
 		count(STAT_UNMATCHED_RETURN);
 		return 0;
+	}
+	if (conf->exit_probes) {
+		/* at a return instruction the stack pointer is the entry's again: frames below it
+		 * were unwound, and a frame with another stack pointer is not this call's */
+		check_unwound(ctx, tid, *dp, 1, TAIL_RETURN);
+		struct frame_key top_key = {.tid = tid, .depth = *dp - 1};
+		struct frame *top = *dp <= EACGM_MAX_DEPTH ? inflight.lookup(&top_key) : NULL;
+		if (top && top->sp != PT_REGS_SP(ctx))
+			return 0;
 	}
 	__u32 depth = *dp - 1;
 	if (depth == 0)
@@ -238,12 +475,6 @@ static __always_inline int on_return(struct pt_regs *ctx, __u32 probe_id)
 	}
 	if (f->probe_id != probe_id) {
 		count(STAT_MISMATCHED_RETURN);
-		inflight.delete(&key);
-		return 0;
-	}
-	int slot = probe_id;
-	struct probe_conf *conf = probe_conf.lookup(&slot);
-	if (!conf) {
 		inflight.delete(&key);
 		return 0;
 	}
@@ -378,9 +609,53 @@ TRACEPOINT_PROBE(syscalls, sys_exit_openat)
 	return 0;
 }
 
+int py_entry(struct pt_regs *ctx)
+{
+	return on_entry(ctx, EACGM_PY_PROBE_ID, 1);
+}
+
+int py_return(struct pt_regs *ctx)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	int zero = 0;
+	struct probe_conf *conf = py_conf.lookup(&zero);
+	if (!conf)
+		return 0;
+	return on_py_return(ctx, EACGM_PY_PROBE_ID, conf, pid_tgid >> 32, (__u32)pid_tgid);
+}
+
+/* The slot programs share one copy of the entry and return code: each slot program stores its
+ * number and tail-calls the common program, so a slot costs a few instructions to compile and
+ * verify (BCC has no BPF-to-BPF calls). A tail call keeps the CPU, so the per-CPU `slot_arg`
+ * cell is the common program's argument. */
+int slot_entry(struct pt_regs *ctx)
+{
+	int zero = 0;
+	struct slot_call *call = slot_arg.lookup(&zero);
+	return call ? on_entry(ctx, call->slot, 0) : 0;
+}
+
+int slot_return(struct pt_regs *ctx)
+{
+	int zero = 0;
+	struct slot_call *call = slot_arg.lookup(&zero);
+	return call ? on_return(ctx, call->slot) : 0;
+}
+
+static __always_inline int to_slot(struct pt_regs *ctx, __u32 n, int tail)
+{
+	int zero = 0;
+	struct slot_call *call = slot_arg.lookup(&zero);
+	if (!call)
+		return 0;
+	call->slot = n;
+	tails.call(ctx, tail);
+	return 0; /* not reached unless the common programs are missing */
+}
+
 #define EACGM_PROBE_PAIR(n)                                                    \
-	int entry_##n(struct pt_regs *ctx) { return on_entry(ctx, n); }        \
-	int return_##n(struct pt_regs *ctx) { return on_return(ctx, n); }
+	int entry_##n(struct pt_regs *ctx) { return to_slot(ctx, n, TAIL_ENTRY); } \
+	int return_##n(struct pt_regs *ctx) { return to_slot(ctx, n, TAIL_RETURN); }
 #define EACGM_PROBE_TEN(t)                                                     \
 	EACGM_PROBE_PAIR(t##0) EACGM_PROBE_PAIR(t##1) EACGM_PROBE_PAIR(t##2)   \
 	EACGM_PROBE_PAIR(t##3) EACGM_PROBE_PAIR(t##4) EACGM_PROBE_PAIR(t##5)   \
@@ -400,4 +675,9 @@ EACGM_PROBE_TEN(5) EACGM_PROBE_TEN(6) EACGM_PROBE_TEN(7) EACGM_PROBE_TEN(8) EACG
 EACGM_PROBE_TEN(10) EACGM_PROBE_TEN(11) EACGM_PROBE_TEN(12) EACGM_PROBE_TEN(13)
 EACGM_PROBE_TEN(14) EACGM_PROBE_TEN(15) EACGM_PROBE_TEN(16) EACGM_PROBE_TEN(17)
 EACGM_PROBE_TEN(18) EACGM_PROBE_TEN(19)
+#endif
+#if EACGM_PROBE_SLOTS > 200
+EACGM_PROBE_TEN(20) EACGM_PROBE_TEN(21) EACGM_PROBE_TEN(22) EACGM_PROBE_TEN(23)
+EACGM_PROBE_TEN(24) EACGM_PROBE_TEN(25) EACGM_PROBE_TEN(26) EACGM_PROBE_TEN(27)
+EACGM_PROBE_TEN(28) EACGM_PROBE_TEN(29) EACGM_PROBE_TEN(30) EACGM_PROBE_TEN(31)
 #endif

@@ -10,20 +10,27 @@
 #define EACGM_DEREF_BYTES 40 /* cudaLaunchConfig_t / CUlaunchConfig up to the stream field */
 #define EACGM_STR_BYTES 256  /* kernel names are long mangled C++ names */
 #define EACGM_PATH_BYTES 256
-#define EACGM_MAX_DEPTH 16   /* traced calls nested on one thread */
+#define EACGM_MAX_DEPTH 32   /* traced calls nested on one thread, all layers together */
+#define EACGM_FUNC_BYTES 96  /* Python function names (co_name) */
+#define EACGM_PY_RULES 16    /* Python include/exclude rules, first match wins */
+#define EACGM_PY_NAMES 64    /* distinct path component names in all rules (bits of py_rule.need) */
+#define EACGM_PY_PROBE_ID 65535 /* call_event.probe_id of Python function calls */
 
 enum eacgm_event_type {
 	EACGM_EVENT_CALL = 1,      /* struct call_event */
 	EACGM_EVENT_CALL_STR = 2,  /* struct call_str_event */
 	EACGM_EVENT_LIB_OPEN = 3,  /* struct lib_open_event */
 	EACGM_EVENT_THREAD_EXIT = 4, /* struct thread_exit_event */
+	EACGM_EVENT_PY_CALL = 5,   /* struct py_call_event */
 };
+
 
 enum eacgm_call_flags {
 	EACGM_FLAG_RETURNED = 1,   /* exit_ns and ret are real (uprobe + uretprobe) */
 	EACGM_FLAG_INCOMPLETE = 2, /* the thread exited before the call returned (set by the agent) */
 	EACGM_FLAG_DEREF = 4,      /* deref holds the struct an argument pointed to */
 	EACGM_FLAG_OUT = 8,        /* out_value holds *args[out_arg] read at return */
+	EACGM_FLAG_UNWOUND = 16,   /* left by a C++ exception: a later call found its frame gone */
 };
 
 struct call_event {
@@ -51,6 +58,14 @@ struct call_str_event {
 	char str[EACGM_STR_BYTES]; /* the probe's string argument, NUL-terminated */
 };
 
+/* A Python function call (USDT function__entry .. function__return). call.args[0] and [1] are
+ * the addresses of the file and function name strings, call.args[2] the line number. */
+struct py_call_event {
+	struct call_event call;
+	char func[EACGM_FUNC_BYTES];
+	char file[EACGM_PATH_BYTES];
+};
+
 struct lib_open_event {
 	__u8 type;
 	__u8 gated;         /* 1: the process was stopped and waits for SIGCONT */
@@ -71,11 +86,30 @@ struct thread_exit_event {
 
 /* Per-probe settings written by the agent into the probe_conf array. */
 struct probe_conf {
-	__u8 has_return;
-	__u8 pad0[3];
+	__u8 has_return;    /* a uretprobe reports the return */
+	__u8 exit_probes;   /* return_N is attached at the function's return instructions instead */
+	__u8 pad0[2];
 	__s32 deref_arg;    /* -1: none (32-bit: BCC's map type decoder has no signed char) */
 	__s32 out_arg;      /* -1: none */
 	__s32 str_arg;      /* -1: none */
+	__s32 usdt_reg[3];  /* py_conf: byte offsets in struct pt_regs of USDT arguments 1-3 */
+};
+
+/* One Python filter rule (py_rules array). A rule matches when every condition it sets holds:
+ * the function name's FNV-1a hash, a prefix of the file path, and path components: each
+ * component name a rule uses has a bit, py_names maps the component's FNV-1a hash to its bit,
+ * and the rule needs all bits of `need` (the file's own component is hashed without its
+ * extension, so "torch.nn.modules" matches .../torch/nn/modules/linear.py and "train" matches
+ * .../train.py). The first matching rule decides; the agent ends the list with a rule that
+ * matches everything. */
+struct py_rule {
+	__u8 used;
+	__u8 include;
+	__u8 prefix_len;
+	__u8 pad0;
+	__u32 func_hash;    /* 0: any function */
+	__u64 need;         /* component bits, 0: any file */
+	char prefix[16];
 };
 
 #endif

@@ -24,19 +24,23 @@ from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.resources import Resource
 
 from otel_eacgm import __version__
-from otel_eacgm.attach import Attacher
+from otel_eacgm.attach import Attacher, TorchSelection
 from otel_eacgm.bpf_loader import CallProgram, ProgramOptions
 from otel_eacgm.clock import EpochClock
 from otel_eacgm.config import AgentConfig
 from otel_eacgm.decoders import DecodeContext
-from otel_eacgm.events import CallEvent, CallFlags, CallStrEvent, LibOpenEvent, Stat, ThreadExitEvent, decode
+from otel_eacgm.events import (CallEvent, CallFlags, CallStrEvent, LibOpenEvent, PyCallEvent, Stat, ThreadExitEvent,
+                               decode)
 from otel_eacgm.export import SpanQueue, meter_provider, metric_exporter, span_exporter
 from otel_eacgm.kernel_names import KernelNames
 from otel_eacgm.metrics.call_stats import CallStatistics
 from otel_eacgm.metrics.host import start_host_metrics
+from otel_eacgm.perfetto import NullMetricExporter, PerfettoExporter, TeeSpanExporter
 from otel_eacgm.probes.catalog import Layer, Role, enabled_rows
+from otel_eacgm.probes.python_usdt import compile_rules
 from otel_eacgm.probes.libraries import all_pids, cgroup_pids, family_of, libraries_of, resolve
 from otel_eacgm.resources import process_resource
+from otel_eacgm.shaping import TraceShaper
 from otel_eacgm.spans import SpanBuilder
 
 log = logging.getLogger(__name__)
@@ -68,7 +72,8 @@ class Agent:
         self._pending_scans: list[tuple[float, int]] = []
         filtering = bool(cfg.pids or cfg.cgroup or self.command)
         gate = cfg.gate_opens if cfg.gate_opens is not None else bool(self.command)
-        rows = enabled_rows(layers=frozenset(Layer(n) for n in cfg.layers), launch_layer=Layer(cfg.launch_layer))
+        layers = frozenset(Layer(n) for n in cfg.layers)
+        rows = enabled_rows(layers=layers, launch_layer=Layer(cfg.launch_layer))
         if cfg.launch_returns:
             rows = [(slot, dataclasses.replace(spec, has_return=True) if spec.role is Role.LAUNCH else spec)
                     for slot, spec in rows]
@@ -77,16 +82,29 @@ class Agent:
                                    dump=print if dump_bpf else None)
         for slot, spec in rows:
             self.program.configure(slot, spec)
-        self.attacher = Attacher(self.program, rows)
+        torch = TorchSelection(tuple(cfg.torch_include), tuple(cfg.torch_exclude), cfg.torch_max_ops) \
+            if Layer.TORCH in layers else None
+        self.attacher = Attacher(self.program, rows, specs=self.rows, torch=torch, python=Layer.PYTHON in layers,
+                                 python_pid_scoped=filtering)
+        if Layer.PYTHON in layers:
+            self.program.set_python_rules(*compile_rules(cfg.python_include, cfg.python_exclude,
+                                                         default_include=cfg.python_default_include))
         self.filtering = filtering
         self.kernel_names = KernelNames(self.program.symbolize)
         self.builder = SpanBuilder(self.rows, DecodeContext(self.kernel_names), EpochClock(), self._resource_for)
+        exporters = [span_exporter(cfg.protocol, cfg.endpoint, cfg.insecure, cfg.export_timeout_s)] if cfg.otlp else []
+        if cfg.perfetto:
+            exporters.append(PerfettoExporter(cfg.perfetto))
         self.queue = SpanQueue(
-            span_exporter(cfg.protocol, cfg.endpoint, cfg.insecure, cfg.export_timeout_s),
+            exporters[0] if len(exporters) == 1 else TeeSpanExporter(exporters),
             max_size=cfg.queue_size, batch_size=cfg.batch_size,
         )
+        self.shaper = TraceShaper(self.queue.put, self.builder.ids, max_spans=cfg.trace_max_spans,
+                                  max_delay_s=cfg.trace_max_delay_s, slice_s=cfg.trace_slice_s,
+                                  sample_ratio=cfg.span_sample_ratio, slow_s=cfg.span_slow_s)
         self._meters = meter_provider(
-            metric_exporter(cfg.protocol, cfg.endpoint, cfg.insecure, cfg.export_timeout_s),
+            metric_exporter(cfg.protocol, cfg.endpoint, cfg.insecure, cfg.export_timeout_s) if cfg.otlp
+            else NullMetricExporter(),
             cfg.metrics_interval_s,
             Resource({"service.name": "otel-eacgm-agent", "host.name": self._host, "process.pid": os.getpid(),
                       "service.version": __version__}),
@@ -133,7 +151,9 @@ class Agent:
                 f"dropped_export={self.queue.dropped} dropped_ringbuf={stats[Stat.RINGBUF_DROPS]} "
                 f"export_failures={self.queue.export_failures} incomplete={self.counters.incomplete} "
                 f"depth_overflow={stats[Stat.DEPTH_OVERFLOW]} unmatched_returns={stats[Stat.UNMATCHED_RETURN]} "
-                f"probes={self.program.probe_count} files={len(self.attacher.files)}")
+                f"probes={self.program.probe_count} files={len(self.attacher.files)} "
+                f"traces={self.shaper.counters.traces} split={self.shaper.counters.split} "
+                f"sampled_out={self.shaper.counters.sampled_out} held={self.shaper.counters.held}")
 
     def _is_target(self, pid: int) -> bool:
         """Per-process host metrics (GPU memory, retransmits) follow the traced processes."""
@@ -150,7 +170,9 @@ class Agent:
     def _on_record(self, data: int, size: int) -> None:
         try:
             rec = decode(data, size)
-            if isinstance(rec, CallStrEvent):
+            if isinstance(rec, PyCallEvent):
+                self._on_call(rec.call, None, rec)
+            elif isinstance(rec, CallStrEvent):
                 self._on_call(rec.call, rec.str)
             elif isinstance(rec, CallEvent):
                 self._on_call(rec, None)
@@ -162,13 +184,14 @@ class Agent:
             self.counters.decode_errors += 1
             log.exception("dropping an undecodable ring-buffer record (%d bytes)", size)
 
-    def _on_call(self, ev: CallEvent, string: bytes | None) -> None:
+    def _on_call(self, ev: CallEvent, string: bytes | None, py: PyCallEvent | None = None) -> None:
         self.counters.calls += 1
         self._resource_for(ev.pid)
-        span = self.builder.build(ev, string)
+        span = self.builder.build_record(py if py is not None else ev, string)
         if self.call_stats is not None:
             self.call_stats.record(span)
-        self.queue.put(span)
+        self.shaper.add(span, call_id=ev.call_id, parent_id=ev.parent_id, pid=ev.pid, tid=ev.tid,
+                        now=time.monotonic())
 
     def _on_thread_exit(self, rec: ThreadExitEvent) -> None:
         for ev in self.program.pop_frames(rec.pid, rec.tid, rec.depth):
@@ -191,7 +214,7 @@ class Agent:
         if family is not None:
             lib = resolve(pid, os.path.normpath(path), family)
             if lib is not None:
-                self.attacher.ensure(lib)
+                self.attacher.ensure(lib, pid)
         if rec.gated:
             try:
                 os.kill(pid, signal.SIGCONT)
@@ -218,7 +241,7 @@ class Agent:
             if libs:
                 self._resource_for(pid)
             for lib in libs:
-                self.attacher.ensure(lib)
+                self.attacher.ensure(lib, pid)
 
     def _prune(self) -> None:
         for pid in [p for p in self._resources if not os.path.exists(f"/proc/{p}")]:
@@ -236,6 +259,8 @@ class Agent:
         os.close(r)
         self.program.add_target(self._child.pid)
         self._resource_for(self._child.pid)
+        # The waiter is a Python interpreter too: its per-process Python probes outlive the exec.
+        self._scan({self._child.pid})
         os.write(w, b"go\n")
         os.close(w)
         log.info("launched pid %d: %s", self._child.pid, " ".join(self.command))
@@ -270,6 +295,7 @@ class Agent:
         while not self._stop:
             self.program.poll(100)
             now = time.monotonic()
+            self.shaper.tick(now)
             due = [pid for t, pid in self._pending_scans if t <= now]
             if due:
                 self._pending_scans = [(t, pid) for t, pid in self._pending_scans if t > now]
@@ -289,6 +315,7 @@ class Agent:
         # Drain what the kernel still holds (the child's last calls, its thread exits).
         for _ in range(3):
             self.program.poll(50)
+        self.shaper.flush()
         self.queue.close(timeout_s=max(30.0, self.cfg.export_timeout_s * 2))
         self._meters.shutdown()  # a last collection reads the host sources, so they close after it
         self.host_metrics.close()

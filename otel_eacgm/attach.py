@@ -1,36 +1,72 @@
-"""Attaching the catalog's probes to each distinct library file, once."""
+"""Attaching probes to each distinct library file, once: catalog rows by symbol, discovered
+ATen operators and CPython's function probes by file offset."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, MutableMapping
 
 from otel_eacgm.bpf_loader import BpfError, CallProgram, SymbolMissing
-from otel_eacgm.probes.catalog import ProbeSpec
+from otel_eacgm.probes import python_usdt, torch_ops
+from otel_eacgm.probes.catalog import TORCH_SLOTS, Family, ProbeSpec, torch_spec
+from otel_eacgm.probes.elf import ElfError
 from otel_eacgm.probes.libraries import MappedLibrary
 
 log = logging.getLogger(__name__)
 
 
-class Attacher:
-    """Remembers which files carry probes; attaches a family's rows to each new file."""
+@dataclasses.dataclass(frozen=True)
+class TorchSelection:
+    """Which ATen operators to probe (config torch_include / torch_exclude / torch_max_ops)."""
 
-    def __init__(self, program: CallProgram, rows: Iterable[tuple[int, ProbeSpec]]) -> None:
+    include: tuple[str, ...] = torch_ops.DEFAULT_INCLUDE
+    exclude: tuple[str, ...] = torch_ops.DEFAULT_EXCLUDE
+    max_ops: int = 200
+
+
+class Attacher:
+    """Remembers which files carry probes; attaches a family's rows to each new file.
+
+    `specs` is the agent's slot -> ProbeSpec table; discovered operators are added to it.
+    `python_pid_scoped`: attach Python probes per traced process (a system-wide Python probe
+    would make every Python process on the host pay a probe hit per function call).
+    """
+
+    def __init__(self, program: CallProgram, rows: Iterable[tuple[int, ProbeSpec]], *,
+                 specs: MutableMapping[int, ProbeSpec] | None = None, torch: TorchSelection | None = None,
+                 python: bool = False, python_pid_scoped: bool = True) -> None:
         self._program = program
         self._rows = list(rows)
         self._files: dict[tuple[int, int], str] = {}
         self.missing: dict[str, list[str]] = {}
         self.failed: dict[str, list[str]] = {}
+        self._specs = specs if specs is not None else {}
+        self._torch = torch
+        self._torch_slots: dict[str, int] = {}
+        self._python = python
+        self._python_pid_scoped = python_pid_scoped
+        self._python_files: dict[tuple[tuple[int, int], int], str] = {}
+        self._python_regs: tuple[int, int, int] | None = None
+        self.python_without_usdt: dict[str, str] = {}  # interpreter path -> why it has no function probes
+        self.torch_ops: dict[str, int] = {}             # library path -> operators probed
 
     @property
     def files(self) -> dict[tuple[int, int], str]:
         """(dev, inode) -> path of every file with probes."""
         return dict(self._files)
 
-    def ensure(self, lib: MappedLibrary) -> int:
-        """Attach to `lib` unless its file already has probes; returns probes added."""
+    def ensure(self, lib: MappedLibrary, pid: int = -1) -> int:
+        """Attach to `lib` (mapped by `pid`) unless it already has probes; returns probes added."""
+        if lib.family is Family.PYTHON:
+            return self._ensure_python(lib, pid) if self._python else 0
+        if lib.family is Family.TORCH and self._torch is None:
+            return 0
         if lib.file_key in self._files:
             return 0
+        if lib.family is Family.TORCH:
+            self._files[lib.file_key] = lib.path
+            return self._ensure_torch(lib)
         self._files[lib.file_key] = lib.path
         before = self._program.probe_count
         missing, failed = [], []
@@ -51,4 +87,95 @@ class Attacher:
         if failed:
             self.failed[lib.path] = failed
         log.info("attached %d probes to %s (%s)", added, lib.path, lib.family.value)
+        return added
+
+    # --- PyTorch operators ----------------------------------------------------------------
+    def _slot_for(self, op: torch_ops.TorchOp) -> int | None:
+        slot = self._torch_slots.get(op.struct)
+        if slot is None:
+            if len(self._torch_slots) >= len(TORCH_SLOTS):
+                return None
+            slot = self._torch_slots[op.struct] = TORCH_SLOTS[len(self._torch_slots)]
+            spec = torch_spec(op.name, op.overload)
+            self._specs[slot] = spec
+            self._program.configure(slot, spec)
+        return slot
+
+    def _ensure_torch(self, lib: MappedLibrary) -> int:
+        assert self._torch is not None
+        try:
+            ops = torch_ops.discover(lib.path, lib.file_key)
+        except (OSError, ElfError) as exc:
+            self.failed[lib.path] = ["at::_ops::*::call"]
+            log.error("%s: cannot read its operator symbols: %s", lib.path, exc)
+            return 0
+        cap = min(self._torch.max_ops, len(TORCH_SLOTS))
+        chosen, dropped = torch_ops.select(ops, self._torch.include, self._torch.exclude, cap)
+        try:
+            chosen = torch_ops.with_exits(lib.path, chosen)
+        except (torch_ops.NoExits, OSError, ElfError) as exc:
+            self.failed[lib.path] = ["at::_ops::*::call"]
+            log.error("%s: PyTorch operators not traced: %s", lib.path, exc)
+            return 0
+        if dropped:
+            log.info("%s: %d operators match torch_include, the cap torch_max_ops=%d keeps %d; %d not traced "
+                     "(raise torch_max_ops, at most %d, or narrow torch_include)", lib.path,
+                     len(chosen) + dropped, self._torch.max_ops, len(chosen), dropped, len(TORCH_SLOTS))
+        before = self._program.probe_count
+        failed = []
+        for op in chosen:
+            slot = self._slot_for(op)
+            if slot is None:
+                failed.append(op.qualified)
+                continue
+            try:
+                self._program.attach_offset(lib.path, op.file_offset, f"entry_{slot}", label=op.qualified)
+                for exit_offset in op.exits:
+                    self._program.attach_offset(lib.path, exit_offset, f"return_{slot}", label=op.qualified)
+            except BpfError as exc:
+                failed.append(op.qualified)
+                log.error("%s", exc)
+        if failed:
+            self.failed[lib.path] = failed
+        added = self._program.probe_count - before
+        self.torch_ops[lib.path] = len(chosen) - len(failed)
+        log.info("attached %d probes to %s (torch: %d of %d operators)", added, lib.path,
+                 len(chosen) - len(failed), len(ops))
+        return added
+
+    # --- Python functions -----------------------------------------------------------------
+    def _ensure_python(self, lib: MappedLibrary, pid: int) -> int:
+        scope = pid if self._python_pid_scoped else -1
+        key = (lib.file_key, scope)
+        if key in self._python_files or lib.path in self.python_without_usdt:
+            return 0
+        self._python_files[key] = lib.path
+        try:
+            probes = python_usdt.find_probes(lib.path)
+        except python_usdt.UsdtError as exc:
+            self.python_without_usdt[lib.path] = str(exc)
+            log.warning("Python functions are not traced in processes of %s: %s; the other layers are",
+                        lib.path, exc)
+            return 0
+        if self._python_regs is None:
+            self._python_regs = probes.arg_regs
+            self._program.configure_python(probes.arg_regs)
+        elif self._python_regs != probes.arg_regs:
+            reason = (f"its function probes keep their arguments in other registers ({probes.arg_regs}) than "
+                      f"the first interpreter's ({self._python_regs}); one layout per agent is supported")
+            self.python_without_usdt[lib.path] = reason
+            log.warning("Python functions are not traced in %s: %s", lib.path, reason)
+            return 0
+        before = self._program.probe_count
+        try:
+            self._program.attach_offset(lib.path, probes.entry_offset, "py_entry", pid=scope,
+                                        ref_ctr_offset=probes.entry_semaphore, label="python:function__entry")
+            self._program.attach_offset(lib.path, probes.return_offset, "py_return", pid=scope,
+                                        ref_ctr_offset=probes.return_semaphore, label="python:function__return")
+        except BpfError as exc:
+            self.failed[lib.path] = ["python:function__entry"]
+            log.error("%s", exc)
+        added = self._program.probe_count - before
+        log.info("attached %d Python function probes to %s%s", added, lib.path,
+                 f" for pid {pid}" if scope != -1 else "")
         return added

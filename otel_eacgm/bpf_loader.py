@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from otel_eacgm.events import MAX_ARGS, CallEvent, Stat
+from otel_eacgm.events import MAX_ARGS, MAX_DEPTH, PY_RULES, CallEvent, PyRule, Stat
 from otel_eacgm.probes.catalog import MAX_SLOTS, ProbeSpec
 
 log = logging.getLogger(__name__)
@@ -87,12 +87,74 @@ class CallProgram:
                 f"loading {src} failed: {exc}. Run `otel-eacgm doctor` (kernel headers, root, BPF)."
             ) from exc
         self._attached: list[tuple[str, str, bool]] = []
+        self._attach_offset_fn = None
+        try:  # the slot programs tail-call the shared entry/return code
+            tails = self._bpf["tails"]
+            for index, fn_name in ((0, b"slot_entry"), (1, b"slot_return"), (2, b"unwind"), (3, b"py_entry"),
+                                   (4, b"py_return")):
+                tails[ctypes.c_int(index)] = ctypes.c_int(self._bpf.load_func(fn_name, bcc.BPF.KPROBE).fd)
+        except Exception as exc:  # BCC raises bare Exception when the verifier refuses a program
+            raise BpfError(f"loading the shared probe programs of {src} failed: {exc}") from exc
 
     def configure(self, slot: int, spec: ProbeSpec) -> None:
-        """Write a catalog row's settings into probe_conf[slot]."""
+        """Write a probe row's settings into probe_conf[slot]."""
         table = self._bpf["probe_conf"]
-        table[ctypes.c_int(slot)] = table.Leaf(has_return=int(spec.has_return), deref_arg=spec.deref_arg,
-                                                    out_arg=spec.out_arg, str_arg=spec.str_arg)
+        table[ctypes.c_int(slot)] = table.Leaf(has_return=int(spec.has_return), exit_probes=int(spec.exit_probes),
+                                                    deref_arg=spec.deref_arg, out_arg=spec.out_arg,
+                                                    str_arg=spec.str_arg)
+
+    def configure_python(self, usdt_regs: tuple[int, int, int]) -> None:
+        """Where py_entry/py_return find function__entry's arguments (pt_regs byte offsets)."""
+        table = self._bpf["py_conf"]
+        leaf = table.Leaf(has_return=1, deref_arg=-1, out_arg=-1, str_arg=-1)
+        for i, off in enumerate(usdt_regs):
+            leaf.usdt_reg[i] = off
+        table[ctypes.c_int(0)] = leaf
+
+    def set_python_rules(self, rules: list[PyRule], names: dict[int, int]) -> None:
+        """Replace the Python filter rules (first match wins; unused slots end the list) and the
+        path component hashes they use (hash -> rule bits)."""
+        table = self._bpf["py_names"]
+        table.clear()
+        for h, bits in names.items():
+            table[ctypes.c_uint32(h)] = ctypes.c_uint64(bits)
+        if len(rules) > PY_RULES:
+            raise ValueError(f"{len(rules)} Python filter rules, at most {PY_RULES} fit (python_include/python_exclude)")
+        table = self._bpf["py_rules"]
+        for i in range(PY_RULES):
+            rule = rules[i] if i < len(rules) else PyRule()
+            leaf = table.Leaf()
+            ctypes.memmove(ctypes.addressof(leaf), ctypes.addressof(rule), ctypes.sizeof(PyRule))
+            table[ctypes.c_int(i)] = leaf
+
+    def _offset_attacher(self):  # noqa: ANN202
+        # BCC's Python binding declares bpf_attach_uprobe without its last parameter,
+        # ref_ctr_offset (the USDT semaphore the kernel then raises in every process mapping the
+        # file); call the C function through a prototype of its own instead.
+        if self._attach_offset_fn is None:
+            from bcc.libbcc import lib  # type: ignore[import-not-found]
+
+            proto = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p,
+                                     ctypes.c_uint64, ctypes.c_int, ctypes.c_uint32)
+            self._attach_offset_fn = proto(ctypes.cast(lib.bpf_attach_uprobe, ctypes.c_void_p).value)
+        return self._attach_offset_fn
+
+    def attach_offset(self, path: str, offset: int, fn_name: str, *, retprobe: bool = False,
+                      ref_ctr_offset: int = 0, pid: int = -1, label: str = "") -> None:
+        """Attach `fn_name` at a file offset of `path` (a uprobe, or a uretprobe of the function there).
+
+        `ref_ctr_offset` is the file offset of a USDT semaphore (0: none). Raises BpfError.
+        """
+        fn = self._bpf.load_func(fn_name.encode(), self._bcc.BPF.KPROBE)
+        name = path.encode()
+        kind = b"r" if retprobe else b"p"
+        ev_name = self._bpf._get_uprobe_evname(kind, name, offset, pid)  # noqa: SLF001
+        fd = self._offset_attacher()(fn.fd, int(retprobe), ev_name, name, offset, pid, ref_ctr_offset)
+        if fd < 0:
+            raise BpfError(f"attaching {fn_name} to {label or hex(offset)} at {path}+{offset:#x} failed "
+                           f"(ref_ctr_offset {ref_ctr_offset:#x}); see the kernel log (dmesg)")
+        self._bpf._add_uprobe_fd(ev_name, fd)  # noqa: SLF001 - so that cleanup() detaches it
+        self._attached.append((path, label or hex(offset), False))
 
     def attach(self, path: str, spec: ProbeSpec, slot: int) -> None:
         """Attach entry_<slot> (and return_<slot>) to `spec.symbol` in the library at `path`.
@@ -148,7 +210,7 @@ class CallProgram:
         """Frames a dead thread left open, as call records (outermost first); frees them."""
         table = self._bpf["inflight"]
         out = []
-        for d in range(min(depth, 16)):
+        for d in range(min(depth, MAX_DEPTH)):
             key = table.Key(tid, d)
             try:
                 f = table[key]

@@ -15,13 +15,27 @@ def _agent_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("agent", help="trace CUDA/NCCL calls with eBPF and export OTLP spans",
                        description="Trace processes with eBPF uprobes; `agent -- CMD ARGS` launches CMD, "
                                    "traces it and exits with its status once everything is exported.")
+    _common_flags(p)
+    p.add_argument("--perfetto", help="also write a Chrome/Perfetto trace file (JSON)")
+
+
+def _trace_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("trace", help="trace one command into a Chrome/Perfetto file (no backend needed)",
+                       description="`trace --perfetto out.json -- python train.py`: launch the command, trace it "
+                                   "and write a timeline for ui.perfetto.dev or chrome://tracing. Spans are exported "
+                                   "whole (span_sample_ratio 1.0); OTLP export only with --endpoint.")
+    _common_flags(p)
+    p.add_argument("--perfetto", required=True, help="the trace file to write (JSON)")
+
+
+def _common_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="YAML config file (see examples/agent.yaml)")
     p.add_argument("--endpoint", help="OTLP endpoint (default: OTEL_EXPORTER_OTLP_ENDPOINT)")
     p.add_argument("--protocol", choices=["grpc", "http/protobuf"], help="OTLP protocol")
     p.add_argument("--insecure", action="store_const", const=True, help="gRPC without TLS")
     p.add_argument("--pid", dest="pids", action="append", type=int, help="trace this process (repeatable)")
     p.add_argument("--cgroup", help="trace the processes of this cgroup v2 directory")
-    p.add_argument("--layers", help="comma-separated: cuda.runtime,cuda.driver,nccl")
+    p.add_argument("--layers", help="comma-separated: cuda.runtime,cuda.driver,nccl,torch,python")
     p.add_argument("--launch-layer", dest="launch_layer", choices=["cuda.driver", "cuda.runtime"])
     p.add_argument("--log-level", dest="log_level")
     p.add_argument("--dump-bpf", action="store_true", help=argparse.SUPPRESS)
@@ -33,7 +47,13 @@ def _run_agent(args: argparse.Namespace) -> int:
     if command and command[0] == "--":
         command = command[1:]
     flags = {k: getattr(args, k) for k in ("endpoint", "protocol", "insecure", "pids", "cgroup", "layers",
-                                          "launch_layer", "log_level")}
+                                          "launch_layer", "log_level", "perfetto")}
+    if args.cmd == "trace":
+        if not command:
+            print("otel-eacgm trace: give the command to trace after --", file=sys.stderr)
+            return 2
+        flags["otlp"] = bool(args.endpoint)
+        flags["span_sample_ratio"] = 1.0
     try:
         cfg = load(args.config, flags)
     except ConfigError as exc:
@@ -52,7 +72,7 @@ def _run_agent(args: argparse.Namespace) -> int:
 
     try:
         agent = Agent(cfg, command, dump_bpf=args.dump_bpf)
-    except (BpfError, PermissionError) as exc:
+    except (BpfError, PermissionError, ValueError) as exc:
         print(f"otel-eacgm agent: {exc}", file=sys.stderr)
         return 1
     return agent.run()
@@ -64,6 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--version", action="version", version=f"otel-eacgm {__version__}")
     sub = parser.add_subparsers(dest="cmd", required=True)
     _agent_parser(sub)
+    _trace_parser(sub)
     d = sub.add_parser("doctor", help="check that this machine can trace, with a fix for each problem")
     d.add_argument("--json", action="store_true", help="machine-readable output")
     sub.add_parser("detector", help="the anomaly detector (run `otel-eacgm detector --help`)", add_help=False)
@@ -73,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return detector_main(argv[1:])
     args = parser.parse_args(argv)
-    if args.cmd == "agent":
+    if args.cmd in ("agent", "trace"):
         return _run_agent(args)
     from otel_eacgm.doctor import run_doctor
 

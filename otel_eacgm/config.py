@@ -18,12 +18,16 @@ from typing import Any
 import yaml
 
 from otel_eacgm.export import PROTOCOLS
-from otel_eacgm.probes.catalog import Layer
+from otel_eacgm.probes import python_usdt, torch_ops
+from otel_eacgm.probes.catalog import TORCH_SLOTS, Layer
 
 log = logging.getLogger(__name__)
 
 ENV_PREFIX = "OTEL_EACGM_"
 LAYER_NAMES = tuple(layer.value for layer in Layer)
+# Python function probes cost a probe hit per Python call of the traced process (filtered in
+# the kernel, but hit): opt-in.
+DEFAULT_LAYERS = tuple(name for name in LAYER_NAMES if name != Layer.PYTHON.value)
 
 
 class ConfigError(ValueError):
@@ -53,8 +57,8 @@ class AgentConfig:
     """Spans per export request."""
 
     # capture: what is traced
-    layers: list[str] = dataclasses.field(default_factory=lambda: list(LAYER_NAMES))
-    """Layers to trace: cuda.runtime, cuda.driver, nccl."""
+    layers: list[str] = dataclasses.field(default_factory=lambda: list(DEFAULT_LAYERS))
+    """Layers to trace: cuda.runtime, cuda.driver, nccl, torch, python (python is opt-in: a probe hit per Python call)."""
     launch_layer: str = Layer.CUDA_DRIVER.value
     """Where kernel launches are traced, once each: cuda.driver (sees cuBLAS/Triton launches too) or cuda.runtime."""
     launch_returns: bool = False
@@ -65,6 +69,36 @@ class AgentConfig:
     """Full /proc scan for newly mapped libraries (opens of watched libraries trigger a scan at once)."""
     gate_opens: bool | None = None
     """Stop a target that opens a watched library until its probes are attached (default: on with -- COMMAND)."""
+
+    # PyTorch operators and Python functions (docs/tracing-layers.md)
+    torch_include: list[str] = dataclasses.field(default_factory=lambda: list(torch_ops.DEFAULT_INCLUDE))
+    """ATen operators to probe: fnmatch patterns on the operator (addmm, aten::addmm) or operator.overload (add.Tensor)."""
+    torch_exclude: list[str] = dataclasses.field(default_factory=lambda: list(torch_ops.DEFAULT_EXCLUDE))
+    """ATen operators never probed, same patterns (default: the out= variants)."""
+    torch_max_ops: int = 200
+    """Cap on probed operators per libtorch_cpu (earlier torch_include patterns win); logged when it bites."""
+    python_include: list[str] = dataclasses.field(default_factory=lambda: list(python_usdt.DEFAULT_INCLUDE))
+    """Python functions traced though python_exclude matches them: MODULE[:FUNCTION], :FUNCTION or <PREFIX."""
+    python_exclude: list[str] = dataclasses.field(default_factory=lambda: list(python_usdt.DEFAULT_EXCLUDE))
+    """Python functions not traced (default: stdlib, site-packages, frozen code, module bodies)."""
+    python_default_include: bool = True
+    """Trace Python functions no pattern matches (the user's own code)."""
+
+    # trace shaping and sampling
+    trace_max_spans: int = 1000
+    """Spans per trace; larger subtrees are split into one trace per child of the open call."""
+    trace_max_delay_s: float = 10.0
+    """Longest a completed call waits for its still-open parent before its subtree is its own trace."""
+    trace_slice_s: float = 1.0
+    """Outermost calls with nothing under them share one trace per thread and slice (0: one trace each)."""
+    span_sample_ratio: float = 0.1
+    """Fraction of traces exported whole; slow and failed spans are exported always (1.0: everything)."""
+    span_slow_s: float = 0.01
+    """A span at least this long is exported whatever the sampling."""
+    perfetto: str | None = None
+    """Also write spans to this Chrome/Perfetto trace file (JSON)."""
+    otlp: bool = True
+    """Export spans and metrics over OTLP (off: only the Perfetto file)."""
 
     # targets
     pids: list[int] = dataclasses.field(default_factory=list)
@@ -103,6 +137,23 @@ class AgentConfig:
         for name in ("export_timeout_s", "scan_interval_s", "metrics_interval_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} {getattr(self, name)} must be > 0")
+        if not 0 < self.torch_max_ops <= len(TORCH_SLOTS):
+            raise ConfigError(f"torch_max_ops {self.torch_max_ops} must be in [1, {len(TORCH_SLOTS)}]")
+        try:
+            python_usdt.compile_rules(self.python_include, self.python_exclude)
+        except ValueError as exc:
+            raise ConfigError(f"python_include/python_exclude: {exc}") from None
+        if self.trace_max_spans < 1:
+            raise ConfigError(f"trace_max_spans {self.trace_max_spans} must be >= 1")
+        if self.trace_max_delay_s <= 0 or self.trace_slice_s < 0:
+            raise ConfigError(f"trace_max_delay_s {self.trace_max_delay_s} must be > 0 and trace_slice_s "
+                              f"{self.trace_slice_s} >= 0")
+        if not 0.0 <= self.span_sample_ratio <= 1.0:
+            raise ConfigError(f"span_sample_ratio {self.span_sample_ratio} must be in [0, 1]")
+        if self.span_slow_s < 0:
+            raise ConfigError(f"span_slow_s {self.span_slow_s} must be >= 0")
+        if not self.otlp and not self.perfetto:
+            raise ConfigError("otlp is off and no perfetto file is set: spans would go nowhere")
         if self.max_kernel_names < 0:
             raise ConfigError(f"max_kernel_names {self.max_kernel_names} must be >= 0")
         if self.queue_size < self.batch_size or self.batch_size <= 0:

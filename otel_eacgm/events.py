@@ -13,7 +13,11 @@ MAX_ARGS = 10
 DEREF_BYTES = 40
 STR_BYTES = 256
 PATH_BYTES = 256
-MAX_DEPTH = 16
+MAX_DEPTH = 32
+FUNC_BYTES = 96
+PY_RULES = 16
+PY_NAMES = 64
+PY_PROBE_ID = 65535
 
 
 class EventType(enum.IntEnum):
@@ -23,6 +27,7 @@ class EventType(enum.IntEnum):
     CALL_STR = 2
     LIB_OPEN = 3
     THREAD_EXIT = 4
+    PY_CALL = 5
 
 
 class CallFlags(enum.IntFlag):
@@ -32,6 +37,7 @@ class CallFlags(enum.IntFlag):
     INCOMPLETE = 2
     DEREF = 4
     OUT = 8
+    UNWOUND = 16
 
 
 class Stat(enum.IntEnum):
@@ -74,6 +80,12 @@ class CallStrEvent(ctypes.Structure):
     _fields_ = [("call", CallEvent), ("str", ctypes.c_char * STR_BYTES)]
 
 
+class PyCallEvent(ctypes.Structure):
+    """A Python function call: struct py_call_event (args[0]/[1] string addresses, args[2] line)."""
+
+    _fields_ = [("call", CallEvent), ("func", ctypes.c_char * FUNC_BYTES), ("file", ctypes.c_char * PATH_BYTES)]
+
+
 class LibOpenEvent(ctypes.Structure):
     """A traced process opened a watched library: struct lib_open_event."""
 
@@ -104,10 +116,26 @@ class ProbeConf(ctypes.Structure):
 
     _fields_ = [
         ("has_return", ctypes.c_uint8),
-        ("pad0", ctypes.c_uint8 * 3),
+        ("exit_probes", ctypes.c_uint8),
+        ("pad0", ctypes.c_uint8 * 2),
         ("deref_arg", ctypes.c_int32),
         ("out_arg", ctypes.c_int32),
         ("str_arg", ctypes.c_int32),
+        ("usdt_reg", ctypes.c_int32 * 3),
+    ]
+
+
+class PyRule(ctypes.Structure):
+    """One Python filter rule in the BPF `py_rules` array: struct py_rule."""
+
+    _fields_ = [
+        ("used", ctypes.c_uint8),
+        ("include", ctypes.c_uint8),
+        ("prefix_len", ctypes.c_uint8),
+        ("pad0", ctypes.c_uint8),
+        ("func_hash", ctypes.c_uint32),
+        ("need", ctypes.c_uint64),
+        ("prefix", ctypes.c_char * 16),
     ]
 
 
@@ -116,6 +144,7 @@ EVENT_STRUCTS: dict[EventType, type[ctypes.Structure]] = {
     EventType.CALL_STR: CallStrEvent,
     EventType.LIB_OPEN: LibOpenEvent,
     EventType.THREAD_EXIT: ThreadExitEvent,
+    EventType.PY_CALL: PyCallEvent,
 }
 
 

@@ -20,8 +20,9 @@ from otel_eacgm import __version__
 from otel_eacgm.clock import EpochClock
 from otel_eacgm.cuda_enums import CUDA_DRIVER_ERRORS, CUDA_RUNTIME_ERRORS, NCCL_RESULTS, error_name
 from otel_eacgm.decoders import DECODERS, SYMBOL_AWARE, DecodeContext
-from otel_eacgm.events import CallEvent, CallFlags
-from otel_eacgm.probes.catalog import Family, ProbeSpec
+from otel_eacgm.events import PY_PROBE_ID, CallEvent, CallFlags, PyCallEvent
+from otel_eacgm.probes.catalog import Family, Layer, ProbeSpec
+from otel_eacgm.python_names import PythonNames
 
 SCOPE = InstrumentationScope("otel-eacgm", __version__)
 _MASK64 = (1 << 64) - 1
@@ -46,6 +47,20 @@ def _signed32(v: int) -> int:
     return v - (1 << 32) if v & 0x80000000 else v
 
 
+def _ended_early(ev: CallEvent, attrs: dict, name: str) -> Status | None:
+    """The error status of a call that did not return (its thread died, or an exception left it)."""
+    if ev.flags & CallFlags.INCOMPLETE:
+        attrs["eacgm.call.incomplete"] = True
+        attrs["error.type"] = "eacgm.thread_exited"
+        return Status(StatusCode.ERROR, "the thread exited before the call returned")
+    if ev.flags & CallFlags.UNWOUND:
+        # a C++ exception left the call; it ended at the latest when the thread went on
+        attrs["eacgm.call.unwound"] = True
+        attrs["error.type"] = "eacgm.exception"
+        return Status(StatusCode.ERROR, f"{name} ended by an exception")
+    return None
+
+
 class SpanIds:
     """Deterministic ids for one agent run."""
 
@@ -59,6 +74,11 @@ class SpanIds:
     def trace_id(self, root_id: int) -> int:
         """128-bit trace id of the outermost call's tree."""
         return (_mix64(self.salt) << 64) | _mix64(root_id ^ ~self.salt & _MASK64)
+
+    def slice_trace_id(self, pid: int, tid: int, slice_index: int) -> int:
+        """128-bit trace id shared by one thread's outermost leaf calls in one time slice."""
+        key = _mix64((pid << 32 | tid) ^ self.salt) ^ slice_index
+        return (_mix64(~self.salt & _MASK64) << 64) | _mix64(key)
 
     def context(self, call_id: int, root_id: int) -> SpanContext:
         """SpanContext of a call."""
@@ -76,6 +96,7 @@ class SpanBuilder:
         self._clock = clock
         self._resource_for = resource_for
         self.ids = ids or SpanIds()
+        self.python_names = PythonNames()
 
     def build(self, ev: CallEvent, string: bytes | None = None) -> ReadableSpan:
         """The span of one call record. Raises KeyError for a probe id outside the catalog."""
@@ -85,18 +106,15 @@ class SpanBuilder:
             attrs = decoder(ev, string, self._ctx, symbol=spec.symbol)
         else:
             attrs = decoder(ev, string, self._ctx)
+        attrs.update(spec.attributes)
         attrs.update({
             "eacgm.layer": spec.layer.value,
             "code.function.name": spec.symbol,
             "process.pid": ev.pid,
             "thread.id": ev.tid,
         })
-        status = Status(StatusCode.UNSET)
-        if ev.flags & CallFlags.INCOMPLETE:
-            attrs["eacgm.call.incomplete"] = True
-            attrs["error.type"] = "eacgm.thread_exited"
-            status = Status(StatusCode.ERROR, "the thread exited before the call returned")
-        elif ev.flags & CallFlags.RETURNED:
+        status = _ended_early(ev, attrs, spec.symbol)
+        if status is None and ev.flags & CallFlags.RETURNED and spec.returns_status:
             code = _signed32(ev.ret)
             attrs["eacgm.call.return_code"] = code
             if code != 0:
@@ -104,16 +122,43 @@ class SpanBuilder:
                 name = error_name(table, code, prefix)
                 attrs["error.type"] = name
                 status = Status(StatusCode.ERROR, f"{spec.symbol} returned {name} ({code})")
+        return self._span(spec.symbol, ev, attrs, status)
+
+    def build_python(self, ev: CallEvent, func: bytes | None, file: bytes | None) -> ReadableSpan:
+        """The span of one Python function call (names None: a frame left by a dead thread)."""
+        function = (func or b"").decode(errors="replace") or "<unknown>"
+        path = (file or b"").decode(errors="replace")
+        line = _signed32(ev.args[2])
+        qualname, qualified = self.python_names.names(ev.pid, path, function, line)
+        attrs: dict[str, object] = {
+            "eacgm.layer": Layer.PYTHON.value,
+            "code.function.name": qualified,
+            "code.file.path": path,
+            "code.line.number": line,
+            "process.pid": ev.pid,
+            "thread.id": ev.tid,
+        }
+        return self._span(qualname, ev, attrs, _ended_early(ev, attrs, qualname))
+
+    def _span(self, name: str, ev: CallEvent, attrs: dict, status: Status | None) -> ReadableSpan:
         parent = self.ids.context(ev.parent_id, ev.root_id) if ev.parent_id else None
         return ReadableSpan(
-            name=spec.symbol,
+            name=name,
             context=self.ids.context(ev.call_id, ev.root_id),
             parent=parent,
             resource=self._resource_for(ev.pid),
-            attributes=attrs,  # type: ignore[arg-type]
+            attributes=attrs,
             kind=SpanKind.INTERNAL,
-            status=status,
+            status=status or Status(StatusCode.UNSET),
             start_time=self._clock.to_epoch(ev.entry_ns),
             end_time=self._clock.to_epoch(ev.exit_ns),
             instrumentation_scope=SCOPE,
         )
+
+    def build_record(self, rec: CallEvent | PyCallEvent, string: bytes | None = None) -> ReadableSpan:
+        """The span of any call record (C function, torch operator, Python function)."""
+        if isinstance(rec, PyCallEvent):
+            return self.build_python(rec.call, rec.func, rec.file)
+        if rec.probe_id == PY_PROBE_ID:
+            return self.build_python(rec, None, None)
+        return self.build(rec, string)

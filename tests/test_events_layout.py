@@ -18,6 +18,8 @@ STRUCTS = {
     "lib_open_event": events.LibOpenEvent,
     "thread_exit_event": events.ThreadExitEvent,
     "probe_conf": events.ProbeConf,
+    "py_call_event": events.PyCallEvent,
+    "py_rule": events.PyRule,
 }
 
 
@@ -29,7 +31,7 @@ def c_layout(tmp_path_factory: pytest.TempPathFactory) -> dict[str, int]:
     for cname, py in STRUCTS.items():
         lines.append(f'printf("{cname} %zu\\n", sizeof(struct {cname}));')
         for field, _ in py._fields_:
-            if cname == "call_str_event" and field == "call":
+            if cname in ("call_str_event", "py_call_event") and field == "call":
                 continue
             lines.append(f'printf("{cname}.{field} %zu\\n", offsetof(struct {cname}, {field}));')
     src = ("#include <stdio.h>\n#include <stddef.h>\n#include <linux/types.h>\n"
@@ -55,7 +57,9 @@ def test_constants_match_header() -> None:
     text = HEADER.read_text()
     for name, value in [("EACGM_MAX_ARGS", events.MAX_ARGS), ("EACGM_DEREF_BYTES", events.DEREF_BYTES),
                         ("EACGM_STR_BYTES", events.STR_BYTES), ("EACGM_PATH_BYTES", events.PATH_BYTES),
-                        ("EACGM_MAX_DEPTH", events.MAX_DEPTH)]:
+                        ("EACGM_MAX_DEPTH", events.MAX_DEPTH), ("EACGM_FUNC_BYTES", events.FUNC_BYTES),
+                        ("EACGM_PY_RULES", events.PY_RULES), ("EACGM_PY_NAMES", events.PY_NAMES),
+                        ("EACGM_PY_PROBE_ID", events.PY_PROBE_ID)]:
         assert f"#define {name} {value}" in text
     for member in events.EventType:
         assert f"EACGM_EVENT_{member.name} = {member.value}" in text

@@ -12,11 +12,13 @@ import enum
 
 
 class Layer(str, enum.Enum):
-    """`eacgm.layer` values of the C-ABI layers."""
+    """`eacgm.layer` values."""
 
     CUDA_RUNTIME = "cuda.runtime"
     CUDA_DRIVER = "cuda.driver"
     NCCL = "nccl"
+    TORCH = "torch"    # ATen operators (probes/torch_ops.py), discovered per libtorch_cpu build
+    PYTHON = "python"  # CPython USDT function probes (probes/python_usdt.py)
 
 
 class Family(str, enum.Enum):
@@ -25,6 +27,8 @@ class Family(str, enum.Enum):
     CUDART = "cudart"
     CUDA = "cuda"
     NCCL = "nccl"
+    TORCH = "torch"    # libtorch_cpu.so
+    PYTHON = "python"  # an interpreter executable or libpython3.X.so
 
 
 class Role(str, enum.Enum):
@@ -55,6 +59,9 @@ class ProbeSpec:
     deref_arg: int = -1
     out_arg: int = -1
     str_arg: int = -1
+    exit_probes: bool = False    # returns probed at return instructions, not by uretprobe (torch_ops.with_exits)
+    returns_status: bool = True  # the return value is a status code (CUDA/NCCL), not data
+    attributes: tuple[tuple[str, str], ...] = ()  # constant span attributes (torch.op.*)
 
 
 def _rt(symbol: str, decoder: str, **kw: object) -> ProbeSpec:
@@ -122,7 +129,15 @@ CATALOG: tuple[ProbeSpec, ...] = (
     _nccl("ncclCommAbort", "nccl_comm_arg0"),
 )
 
-MAX_SLOTS = 100  # keep equal to EACGM_PROBE_SLOTS passed by bpf_loader.py
+MAX_SLOTS = 320  # keep equal to EACGM_PROBE_SLOTS passed by bpf_loader.py
+TORCH_SLOTS = range(64, MAX_SLOTS)  # discovered ATen operators; the catalog rows stay below 64
+
+
+def torch_spec(name: str, overload: str) -> ProbeSpec:
+    """The probe row of one ATen operator (span name aten::<op>)."""
+    return ProbeSpec(Family.TORCH, Layer.TORCH, name, "no_args", has_return=False, exit_probes=True,
+                     returns_status=False,
+                     attributes=(("torch.op.name", name), ("torch.op.overload", overload)))
 
 
 def enabled_rows(*, layers: frozenset[Layer], launch_layer: Layer) -> list[tuple[int, ProbeSpec]]:

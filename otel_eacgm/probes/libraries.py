@@ -20,6 +20,8 @@ FAMILY_PATTERNS: dict[Family, re.Pattern[str]] = {
     Family.CUDART: re.compile(r"^libcudart\.so(\.\d+)*$"),
     Family.CUDA: re.compile(r"^libcuda\.so(\.\d+)*$"),
     Family.NCCL: re.compile(r"^libnccl\.so(\.\d+)*$"),
+    Family.TORCH: re.compile(r"^libtorch_cpu\.so(\.\d+)*$"),
+    Family.PYTHON: re.compile(r"^(python3(\.\d+)?|libpython3\.\d+\w*\.so(\.[\d.]+)*)$"),
 }
 
 

@@ -109,10 +109,16 @@ def test_resource_of_the_traced_process(traced_run) -> None:  # noqa: ANN001
     assert "host.name" in res
 
 
-def test_top_level_calls_have_no_parent_and_own_trace(traced_run) -> None:  # noqa: ANN001
+def test_top_level_calls_have_no_parent_and_share_a_trace_per_time_slice(traced_run) -> None:  # noqa: ANN001
+    # outermost calls with nothing under them: one trace per thread and 1 s slice (trace_slice_s)
     _, _, spans = traced_run
     assert all(s["parent_span_id"] == "" for s in spans)
-    assert len({s["trace_id"] for s in spans}) == len(spans)
+    slices = {(s["attributes"]["thread.id"], s["start"] // 10**9) for s in spans}
+    by_slice = {}
+    for s in spans:
+        by_slice.setdefault((s["attributes"]["thread.id"], s["start"] // 10**9), set()).add(s["trace_id"])
+    assert all(len(ids) == 1 for ids in by_slice.values()), by_slice
+    assert len({s["trace_id"] for s in spans}) == len(slices)
     assert len({s["span_id"] for s in spans}) == len(spans)
 
 

@@ -1,0 +1,185 @@
+"""Trace shaping and sampling: readable traces of bounded size, and volume control.
+
+Calls complete children first, so when a call's record arrives every call under it has already
+arrived. The shaper holds each open call's completed subtrees until the call itself completes:
+
+* an outermost call (no parent on its thread) is emitted with everything under it as one trace
+  (one training step, one request);
+* when the calls held under one open call would exceed ``max_spans``, or have waited longer
+  than ``max_delay_s`` (a ``main()`` that runs for hours), each held child subtree is emitted
+  as a trace of its own, rooted at the child, which keeps its parent's span id in
+  ``eacgm.parent.span_id``; the parent later ends up in a trace with the children still held;
+* outermost calls with nothing under them (a CUDA call made straight from a C loop) share one
+  trace per thread and time slice (``slice_s``; 0: each its own trace).
+
+Sampling is decided per emitted trace: a trace is kept with probability ``sample_ratio``
+(deterministic in its trace id); from a trace not kept, the spans that are slow
+(>= ``slow_s``) or failed are still exported, with their ancestors in the trace so that they
+are not orphans. Every call still feeds the call statistics, which are computed before this.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.trace import SpanContext, StatusCode, TraceFlags
+
+from otel_eacgm.spans import SpanIds
+
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+
+
+@dataclasses.dataclass
+class _Node:
+    span: ReadableSpan
+    call_id: int
+    parent_id: int
+    pid: int
+    tid: int
+
+
+@dataclasses.dataclass
+class _Held:
+    """Completed child subtrees of one open call."""
+
+    since: float
+    children: list[list[_Node]] = dataclasses.field(default_factory=list)
+    count: int = 0
+
+
+@dataclasses.dataclass
+class ShapingCounters:
+    """What the shaper did (agent summary and self-telemetry)."""
+
+    traces: int = 0
+    split: int = 0          # child subtrees emitted on their own (size or delay bound)
+    sampled_out: int = 0    # spans not exported by sampling
+    held: int = 0           # spans held now, waiting for their parents
+
+
+class TraceShaper:
+    """Groups spans into traces and samples them; `sink` receives the spans to export."""
+
+    def __init__(self, sink: Callable[[ReadableSpan], None], ids: SpanIds, *, max_spans: int = 1000,
+                 max_delay_s: float = 10.0, slice_s: float = 1.0, sample_ratio: float = 1.0,
+                 slow_s: float = 0.1) -> None:
+        if max_spans < 1:
+            raise ValueError(f"trace max_spans {max_spans} must be >= 1")
+        if not 0.0 <= sample_ratio <= 1.0:
+            raise ValueError(f"sample_ratio {sample_ratio} must be in [0, 1]")
+        self._sink = sink
+        self._ids = ids
+        self.max_spans = max_spans
+        self.max_delay_s = max_delay_s
+        self.slice_s = slice_s
+        self.sample_ratio = sample_ratio
+        self.slow_ns = int(slow_s * 1e9)
+        self._held: dict[int, _Held] = {}
+        self.counters = ShapingCounters()
+
+    # --- input ----------------------------------------------------------------------------
+    def add(self, span: ReadableSpan, *, call_id: int, parent_id: int, pid: int, tid: int, now: float) -> None:
+        """One completed call (children always come before their parent)."""
+        node = _Node(span, call_id, parent_id, pid, tid)
+        held = self._held.pop(call_id, None)
+        subtree = [node]
+        if held is not None:
+            self.counters.held -= held.count
+            for child in held.children:
+                subtree.extend(child)
+        if not parent_id:
+            if len(subtree) == 1 and self.slice_s > 0:
+                index = int(span.start_time / 1e9 // self.slice_s) if span.start_time else 0
+                self._emit(subtree, self._ids.slice_trace_id(pid, tid, index), cut=False)
+            else:
+                self._emit(subtree, self._ids.trace_id(call_id), cut=False)
+            return
+        if len(subtree) >= self.max_spans:
+            self._emit(subtree, self._ids.trace_id(call_id), cut=True)
+            self.counters.split += 1
+            return
+        parent = self._held.get(parent_id)
+        if parent is None:
+            parent = self._held[parent_id] = _Held(since=now)
+        if parent.count + len(subtree) > self.max_spans:
+            self._split(parent)
+            parent.since = now
+        parent.children.append(subtree)
+        parent.count += len(subtree)
+        self.counters.held += len(subtree)
+
+    def tick(self, now: float) -> None:
+        """Emit subtrees held longer than max_delay_s under calls that are still open."""
+        for held in self._held.values():
+            if held.children and now - held.since >= self.max_delay_s:
+                self._split(held)
+                held.since = now
+
+    def flush(self) -> None:
+        """Emit everything held (at exit: parents that never returned are gone)."""
+        for held in list(self._held.values()):
+            self._split(held)
+        self._held.clear()
+        self.counters.held = 0
+
+    def forget_thread(self, tid: int) -> None:
+        """A thread died: its open calls are reported as incomplete by the agent, nothing to do."""
+
+    # --- output ---------------------------------------------------------------------------
+    def _split(self, held: _Held) -> None:
+        for child in held.children:
+            self._emit(child, self._ids.trace_id(child[0].call_id), cut=True)
+            self.counters.split += 1
+        self.counters.held -= held.count
+        held.children = []
+        held.count = 0
+
+    def _keep(self, trace_id: int) -> bool:
+        if self.sample_ratio >= 1.0:
+            return True
+        return (trace_id & 0xFFFFFFFFFFFF) < self.sample_ratio * 0x1000000000000
+
+    def _emit(self, nodes: list[_Node], trace_id: int, *, cut: bool) -> None:
+        root = nodes[0]
+        keep = None
+        if not self._keep(trace_id):
+            keep = self._interesting(nodes)
+            self.counters.sampled_out += len(nodes) - len(keep)
+            if not keep:
+                return
+        self.counters.traces += 1
+        for node in nodes:
+            if keep is not None and node.call_id not in keep:
+                continue
+            top = node is root
+            parent = 0 if top and (cut or not node.parent_id) else node.parent_id
+            extra = {"eacgm.parent.span_id": f"{self._ids.span_id(node.parent_id):016x}"} if top and cut else None
+            self._sink(_rebuild(node.span, trace_id, self._ids.span_id(parent) if parent else 0, extra))
+
+    def _interesting(self, nodes: list[_Node]) -> set[int]:
+        """Call ids of slow or failed spans and of their ancestors among `nodes`."""
+        parent_of = {n.call_id: n.parent_id for n in nodes}
+        keep: set[int] = set()
+        for n in nodes:
+            s = n.span
+            slow = s.end_time is not None and s.start_time is not None and s.end_time - s.start_time >= self.slow_ns
+            if slow or s.status.status_code is StatusCode.ERROR:
+                cid = n.call_id
+                while cid in parent_of and cid not in keep:
+                    keep.add(cid)
+                    cid = parent_of[cid]
+        return keep
+
+
+def _rebuild(span: ReadableSpan, trace_id: int, parent_span_id: int, extra: dict | None) -> ReadableSpan:
+    ctx = SpanContext(trace_id, span.context.span_id, is_remote=False, trace_flags=_SAMPLED)
+    parent = SpanContext(trace_id, parent_span_id, is_remote=False, trace_flags=_SAMPLED) if parent_span_id else None
+    attrs = dict(span.attributes or {})
+    if extra:
+        attrs.update(extra)
+    return ReadableSpan(name=span.name, context=ctx, parent=parent, resource=span.resource, attributes=attrs,
+                        events=span.events, links=span.links, kind=span.kind, status=span.status,
+                        start_time=span.start_time, end_time=span.end_time,
+                        instrumentation_scope=span.instrumentation_scope)
