@@ -27,6 +27,15 @@ def test_bic_chooses_the_true_number_of_components():
     det = GMMDetector(6, random_state=0).fit(blobs(200, np.random.default_rng(0)))
     assert det.n_components_ == 3
     assert det.bic_.argmin() == 2
+    # The choice was checked on held-out windows: the 3-component fit generalises best too.
+    assert det.holdout_log_likelihood_.shape == det.bic_.shape
+    assert det.holdout_log_likelihood_.argmax() == 2
+
+
+def test_component_search_respects_the_cap():
+    X = blobs(200, np.random.default_rng(6))
+    assert GMMDetector(2, random_state=0).fit(X).n_components_ <= 2
+    assert GMMDetector(1, random_state=0).fit(X).bic_.shape == (1,)
 
 
 def test_threshold_flags_outliers_not_normal_points():
