@@ -56,7 +56,7 @@ struct frame {
 	__u32 flags;
 	__u64 sp;           /* stack pointer at entry (the return address' slot) */
 	__u32 exit_probes;  /* returns come from probes at return instructions */
-	__u32 pad0;
+	__u32 repeats;      /* Python: the same function entered again on this frame (see on_entry) */
 	__u64 args[EACGM_MAX_ARGS];
 	__u8 deref[EACGM_DEREF_BYTES];
 };
@@ -360,6 +360,10 @@ static __always_inline int on_py_return(struct pt_regs *ctx, __u32 probe_id, str
 	if (!f || f->probe_id != probe_id || f->args[0] != usdt_arg(ctx, conf->usdt_reg[0]) ||
 	    f->args[1] != usdt_arg(ctx, conf->usdt_reg[1]))
 		return 0;
+	if (f->repeats) {
+		f->repeats--;
+		return 0;
+	}
 	if (depth == 0)
 		depths.delete(&tid);
 	else
@@ -395,6 +399,19 @@ static __always_inline int on_entry(struct pt_regs *ctx, __u32 probe_id, const i
 		f.args[0] = usdt_arg(ctx, conf->usdt_reg[0]); /* file name */
 		f.args[1] = usdt_arg(ctx, conf->usdt_reg[1]); /* function name */
 		f.args[2] = usdt_arg(ctx, conf->usdt_reg[2]); /* line number */
+		/* The same function entered again at the same C stack level with nothing traced in
+		 * between: CPython 3.11 fires function__entry and function__return twice per call
+		 * while a profile function is set, and an inlined direct recursion looks the same.
+		 * One frame counts the repeats; as many returns are absorbed before it pops. */
+		if (depth > 0) {
+			struct frame_key top_key = {.tid = tid, .depth = depth - 1};
+			struct frame *top = inflight.lookup(&top_key);
+			if (top && top->probe_id == EACGM_PY_PROBE_ID && top->sp == f.sp &&
+			    top->args[0] == f.args[0] && top->args[1] == f.args[1]) {
+				top->repeats++;
+				return 0;
+			}
+		}
 		if (!py_traced(f.args[0], f.args[1]))
 			return 0;
 	} else {

@@ -157,6 +157,8 @@ class Attacher:
             log.warning("Python functions are not traced in processes of %s: %s; the other layers are",
                         lib.path, exc)
             return 0
+        if "python3.11" in lib.path.rsplit("/", 1)[-1]:
+            log.warning("%s: %s", lib.path, python_usdt.CPYTHON_311_NOTE)
         if self._python_regs is None:
             self._python_regs = probes.arg_regs
             self._program.configure_python(probes.arg_regs)

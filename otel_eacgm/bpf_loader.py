@@ -20,6 +20,7 @@ from otel_eacgm.probes.catalog import MAX_SLOTS, ProbeSpec
 log = logging.getLogger(__name__)
 
 BPF_DIR = Path(__file__).resolve().parent.parent / "bpf"
+_DETACHED_RELEASE_MIN = 8  # probes; fewer are released in the agent (see CallProgram._detach_uprobes)
 
 
 class BpfError(RuntimeError):
@@ -237,4 +238,41 @@ class CallProgram:
 
     def close(self) -> None:
         """Detach everything and free the maps."""
+        self._detach_uprobes()
         self._bpf.cleanup()
+
+    def _detach_uprobes(self) -> None:
+        # Releasing a uprobe waits in the kernel (~0.1 s each, serialised): the few hundred
+        # operator probes would hold the agent's exit for a minute. A forked child inherits the
+        # probe fds and releases them after the agent has exited; the agent's own copies close
+        # at once, since the child still holds the probes. Until the child is done (about
+        # 0.1 s per probe) the probes stay attached, with nobody reading their events.
+        events = list(self._bpf.uprobe_fds.items())
+        if len(events) < _DETACHED_RELEASE_MIN:
+            return
+        try:
+            child = os.fork()
+        except OSError as exc:
+            log.warning("releasing %d probes in the agent (fork failed: %s)", len(events), exc)
+            return
+        if child == 0:  # the releasing child: no Python cleanup, no output, no signal from the terminal
+            try:
+                os.setsid()
+                devnull = os.open(os.devnull, os.O_RDWR)
+                for fd in (0, 1, 2):
+                    os.dup2(devnull, fd)
+                for _, fd in events:
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+            finally:
+                os._exit(0)
+        for name, fd in events:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+            self._bpf._del_uprobe_fd(name)  # noqa: SLF001 - closed above
+        log.info("%d probes are released by pid %d in the background (about %.0f s)", len(events), child,
+                 len(events) * 0.1)

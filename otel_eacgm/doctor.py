@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 import platform
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -130,11 +131,20 @@ def check_nvml() -> Check:
 
 
 def _python_has_usdt(exe: str) -> bool:
-    try:
-        with open(exe, "rb") as fh:
-            return b"function__entry" in fh.read()
-    except OSError:
-        return False
+    from otel_eacgm.probes.python_usdt import has_probes
+
+    return has_probes(exe)
+
+
+def check_python() -> Check:
+    """The agent's own interpreter, usually the one the traced programs use too."""
+    from otel_eacgm.probes.python_usdt import FIRES, interpreter_note
+
+    exe = os.path.realpath(sys.executable)
+    note = interpreter_note(exe)
+    return Check("python usdt", note == FIRES, f"{exe}: {note}",
+                 "trace Python functions with an interpreter whose function probes fire (3.10 and older built "
+                 "--with-dtrace, or 3.15+); the torch and CUDA layers work without them", required=False)
 
 
 def check_libraries() -> list[Check]:
@@ -165,7 +175,8 @@ def check_libraries() -> list[Check]:
                    ", ".join(f"{k}: {families.get(k, 0)} processes" for k in ("cudart", "cuda", "nccl"))
                    + f", torch: {torch} processes", required=False)]
     if usdt:
-        detail = "; ".join(f"{exe}: {'USDT probes' if has else 'no USDT probes'}" for exe, has in sorted(usdt.items()))
+        detail = "; ".join(f"{exe}: {'USDT function probes' if has else 'no USDT function probes'}"
+                           for exe, has in sorted(usdt.items()))
         lines.append(Check("python interpreters", all(usdt.values()), f"{pythons} processes; {detail}",
                            "Python function spans need an interpreter built --with-dtrace (e.g. Debian's /usr/bin/python3.11)",
                            required=False))
@@ -187,6 +198,7 @@ def run_checks() -> list[Check]:
     if all(c.ok for c in checks if c.required):
         checks.append(check_uprobe())
     checks.append(check_nvml())
+    checks.append(_safe(check_python))
     checks.extend(check_libraries())
     return checks
 

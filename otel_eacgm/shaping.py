@@ -103,7 +103,7 @@ class TraceShaper:
         parent = self._held.get(parent_id)
         if parent is None:
             parent = self._held[parent_id] = _Held(since=now)
-        if parent.count + len(subtree) > self.max_spans:
+        if parent.count + len(subtree) + 1 > self.max_spans:  # + 1: the parent itself
             self._split(parent)
             parent.since = now
         parent.children.append(subtree)

@@ -14,8 +14,10 @@ function name, or a file name prefix (``<frozen``); the first matching rule deci
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from collections.abc import Sequence
+from pathlib import Path
 
 from otel_eacgm.events import PY_RULES, PyRule
 from otel_eacgm.probes.elf import ElfError, ElfFile
@@ -102,6 +104,24 @@ def has_probes(path: str) -> bool:
     except UsdtError:
         return False
     return True
+
+
+FIRES = "function probes present"
+CPYTHON_311_NOTE = ("CPython 3.11 fires function__entry only while a profile or trace function is set "
+                    "(gh-98894): Python spans appear under profilers and coverage, not in a plain run")
+
+
+def interpreter_note(path: str) -> str:
+    """What Python function tracing can do with the interpreter at `path` (CPython's probes vary
+    by version: 3.11 fires entries only under a tracer, 3.12-3.14 have no function probes)."""
+    real = os.path.realpath(path)
+    candidates = [real, *(str(p) for p in Path(real).parent.parent.glob("lib/libpython3*.so*"))]
+    found = next((c for c in candidates if has_probes(c)), None)
+    if found is None:
+        return "no function probes (CPython 3.12-3.14 have none, gh-104280; others need --with-dtrace)"
+    if re.search(r"python3\.11", os.path.basename(found)):
+        return f"function probes present, but {CPYTHON_311_NOTE}"
+    return FIRES
 
 
 def fnv1a(text: str) -> int:

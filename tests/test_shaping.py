@@ -1,0 +1,101 @@
+"""Trace shaping and sampling on hand-made spans (no kernel): the shaper's rules, exactly."""
+
+from __future__ import annotations
+
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.trace import SpanContext, Status, StatusCode
+
+from otel_eacgm.shaping import TraceShaper
+from otel_eacgm.spans import SpanIds
+
+MS = 1_000_000
+
+
+def span(call_id: int, start_ms: float, end_ms: float, *, failed: bool = False) -> ReadableSpan:
+    ctx = SpanContext(1, call_id, is_remote=False)
+    return ReadableSpan(name=f"c{call_id}", context=ctx, start_time=int(start_ms * MS), end_time=int(end_ms * MS),
+                        status=Status(StatusCode.ERROR if failed else StatusCode.UNSET), attributes={})
+
+
+def shaper(**kw: object) -> tuple[TraceShaper, list[ReadableSpan], SpanIds]:
+    out: list[ReadableSpan] = []
+    ids = SpanIds(salt=7)
+    return TraceShaper(out.append, ids, **kw), out, ids  # type: ignore[arg-type]
+
+
+def add(s: TraceShaper, call_id: int, parent_id: int, start: float, end: float, now: float = 0.0, **kw: object) -> None:
+    s.add(span(call_id, start, end, **kw), call_id=call_id, parent_id=parent_id, pid=1, tid=1, now=now)  # type: ignore[arg-type]
+
+
+def test_an_outermost_call_and_everything_under_it_is_one_trace() -> None:
+    s, out, ids = shaper()
+    add(s, 3, 2, 1, 2)   # grandchild completes first
+    add(s, 2, 1, 0.5, 3)
+    add(s, 4, 1, 3, 4)
+    assert out == []     # held until the outermost call completes
+    add(s, 1, 0, 0, 5)
+    assert [o.name for o in out] == ["c1", "c2", "c3", "c4"]
+    assert {o.context.trace_id for o in out} == {ids.trace_id(1)}
+    parents = {o.name: o.parent.span_id if o.parent else None for o in out}
+    assert parents == {"c1": None, "c2": ids.span_id(1), "c3": ids.span_id(2), "c4": ids.span_id(1)}
+
+
+def test_a_full_parent_splits_its_children_into_their_own_traces() -> None:
+    s, out, ids = shaper(max_spans=3)
+    add(s, 2, 1, 0, 1)
+    add(s, 3, 1, 1, 2)
+    add(s, 4, 1, 2, 3)   # would make 4 with the parent: the held children leave as traces
+    assert {o.name for o in out} == {"c2", "c3"}
+    for o in out:
+        assert o.parent is None and o.attributes["eacgm.parent.span_id"] == f"{ids.span_id(1):016x}"
+        assert o.context.trace_id == ids.trace_id(int(o.name[1:]))
+    add(s, 1, 0, 0, 4)
+    tail = out[2:]
+    assert [o.name for o in tail] == ["c1", "c4"] and {o.context.trace_id for o in tail} == {ids.trace_id(1)}
+    assert s.counters.split == 2 and s.counters.held == 0
+
+
+def test_children_held_too_long_leave_as_their_own_traces() -> None:
+    s, out, _ = shaper(max_delay_s=5.0)
+    add(s, 2, 1, 0, 1, now=100.0)
+    s.tick(104.0)
+    assert out == []
+    s.tick(105.0)
+    assert [o.name for o in out] == ["c2"] and out[0].parent is None
+
+
+def test_leaf_outermost_calls_share_a_trace_per_slice() -> None:
+    s, out, ids = shaper(slice_s=1.0)
+    for i, t in enumerate((10.0, 300.0, 999.0, 1000.0, 2500.0)):
+        add(s, 10 + i, 0, t, t + 1)
+    traces = [o.context.trace_id for o in out]
+    assert traces[0] == traces[1] == traces[2] == ids.slice_trace_id(1, 1, 0)
+    assert traces[3] == ids.slice_trace_id(1, 1, 1) != traces[0]
+    assert traces[4] == ids.slice_trace_id(1, 1, 2)
+
+
+def test_sampling_keeps_slow_and_failed_spans_with_their_ancestors() -> None:
+    s, out, _ = shaper(sample_ratio=0.0, slow_s=0.010)
+    add(s, 3, 2, 1, 2, failed=True)   # failed leaf under c2
+    add(s, 2, 1, 0.5, 3)
+    add(s, 4, 1, 3, 4)                # fast, fine: dropped
+    add(s, 5, 1, 4, 20)               # slow: kept
+    add(s, 1, 0, 0, 21)
+    assert sorted(o.name for o in out) == ["c1", "c2", "c3", "c5"]
+    assert s.counters.sampled_out == 1
+
+
+def test_full_sampling_keeps_everything_and_zero_drops_quiet_traces() -> None:
+    s, out, _ = shaper(sample_ratio=1.0)
+    add(s, 1, 0, 0, 1)
+    assert len(out) == 1
+    s, out, _ = shaper(sample_ratio=0.0, slice_s=0)
+    add(s, 1, 0, 0, 1)
+    assert out == [] and s.counters.sampled_out == 1
+
+
+def test_flush_emits_what_is_held() -> None:
+    s, out, _ = shaper()
+    add(s, 2, 1, 0, 1)
+    s.flush()
+    assert [o.name for o in out] == ["c2"] and s.counters.held == 0
