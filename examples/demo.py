@@ -155,7 +155,8 @@ def main() -> int:
         stop = threading.Event()
         ticker = threading.Thread(target=live_summary, args=(store, stop, progress), daemon=True)
         ticker.start()
-        run = subprocess.Popen(agent, env=dict(env, OTEL_SERVICE_NAME=SERVICE, OTEL_EACGM_METRICS_INTERVAL_S="2"),
+        run = subprocess.Popen(agent, env=dict(env, OTEL_SERVICE_NAME=SERVICE, OTEL_EACGM_METRICS_INTERVAL_S="2",
+                                        OTEL_EACGM_SPAN_SAMPLE_RATIO="1"),  # a demo shows every span,
                                stdout=subprocess.PIPE, stderr=alog.open("wb"), text=True)
         for line in run.stdout:
             progress.append(line.strip())
