@@ -104,9 +104,10 @@ def report(store: Store, jaeger_ui: str | None) -> None:
         a = s["attributes"]
         detail = a.get("cuda.kernel.name") or a.get("nccl.collective") or a.get("error.type") or ""
         print(f"  {(s['end'] - s['start']) / 1e6:9.3f} ms  {s['name']:24} {detail}")
-    metrics = collections.Counter(p["name"] for p in store.metric_points())
+    points = store.metric_points()
+    metrics = collections.Counter(p["name"] for p in points)
     print(f"metrics received: {len(metrics)} names, e.g. " + ", ".join(sorted(metrics)[:8]))
-    calls = [p for p in store.metric_points() if p["name"] == "eacgm.calls"
+    calls = [p for p in points if p["name"] == "eacgm.calls"
              and p["attributes"].get("code.function.name") == "cudaLaunchKernel"]
     if calls:
         print(f"  eacgm.calls{{cudaLaunchKernel}} = {max(p['value'] for p in calls)} (counted from every call)")

@@ -110,10 +110,13 @@ class Agent:
                       "service.version": __version__}),
         )
         self._register_metrics()
+        # Without OTLP (a `trace` run) metrics go nowhere: neither count calls nor start the sources.
+        metered = cfg.otlp
         self.call_stats = CallStatistics(self._meters.get_meter("otel_eacgm.metrics.calls", __version__),
-                                         max_kernel_names=cfg.max_kernel_names) if cfg.call_metrics else None
+                                         max_kernel_names=cfg.max_kernel_names) if cfg.call_metrics and metered else None
         self.host_metrics = start_host_metrics(
-            self._meters, gpu=cfg.gpu_metrics, network=cfg.network_metrics, tcp_retransmits=cfg.tcp_retransmits,
+            self._meters, gpu=cfg.gpu_metrics and metered, network=cfg.network_metrics and metered,
+            tcp_retransmits=cfg.tcp_retransmits and metered,
             pid_filter=self._is_target if filtering else None,
             resource_for_pid=lambda pid: dict(self._resource_for(pid).attributes))
         self.program.open_ring(self._on_record)
