@@ -2,13 +2,14 @@
 # One-shot, idempotent set-up on Debian 12 for `make test` and `make demo`:
 # system packages (BCC, kernel headers, compiler), kernel headers usable by BCC, the project's
 # virtualenv at .venv (Debian's python3.11 with --system-site-packages, so it sees the Debian
-# bcc module and has Python USDT probes), and a cached OpenTelemetry Collector build.
+# bcc module and has Python USDT probes), cached OpenTelemetry Collector and Jaeger builds, and
+# headless Chromium (the end-to-end tests open traces in Jaeger's UI).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
 log() { echo "setup: $*"; }
 
-apt_packages=(python3-bpfcc python3-venv python3-dev linux-headers-amd64 gcc make)
+apt_packages=(python3-bpfcc python3-venv python3-dev linux-headers-amd64 gcc make chromium chromium-driver)
 missing=()
 for p in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
@@ -45,4 +46,6 @@ fi
 "$venv/bin/python" -c "import bcc" || { echo "setup: the venv cannot import bcc (python3-bpfcc)" >&2; exit 1; }
 
 bash "$repo/scripts/build-collector.sh" >/dev/null
-log "ready: .venv/bin/otel-eacgm, collector $(bash "$repo/scripts/build-collector.sh" --path)"
+bash "$repo/scripts/build-jaeger.sh" >/dev/null
+log "ready: .venv/bin/otel-eacgm, collector $(bash "$repo/scripts/build-collector.sh" --path)," \
+  "Jaeger $(bash "$repo/scripts/build-jaeger.sh" --path)"
