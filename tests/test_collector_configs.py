@@ -9,12 +9,16 @@ import pytest
 
 from collector_build import REPO, collector_binary
 
-PORT_VARS = ("EACGM_COLLECTOR_GRPC_PORT", "EACGM_COLLECTOR_HTTP_PORT", "EACGM_STORE_PORT", "EACGM_JAEGER_OTLP_PORT")
+PORT_VARS = ("EACGM_COLLECTOR_GRPC_PORT", "EACGM_COLLECTOR_HTTP_PORT", "EACGM_STORE_PORT", "EACGM_JAEGER_OTLP_PORT",
+             "EACGM_DETECTOR_PORT", "EACGM_DETECTED_PORT")
+# tempo.yaml's endpoints (Tempo itself is not run here)
+HOST_VARS = ("TEMPO_ENDPOINT", "DETECTOR_ENDPOINT", "OTLP_BACKEND")
 
 
-@pytest.mark.parametrize("name", ["test-pipeline.yaml", "demo.yaml"])
+@pytest.mark.parametrize("name", ["test-pipeline.yaml", "demo.yaml", "detector-pipeline.yaml", "tempo.yaml"])
 def test_config_validates(name: str) -> None:
-    env = dict(os.environ, **{var: str(4317 + i) for i, var in enumerate(PORT_VARS)})
+    env = dict(os.environ, **{var: str(4317 + i) for i, var in enumerate(PORT_VARS)},
+               **{var: f"{var.lower()}:4317" for var in HOST_VARS})
     proc = subprocess.run([str(collector_binary()), "validate", "--config", str(REPO / "collector-config" / name)],
                           env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
