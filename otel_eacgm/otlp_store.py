@@ -90,6 +90,21 @@ class Store(trace_service_pb2_grpc.TraceServiceServicer, metrics_service_pb2_grp
                                             "value": value, "time": p.time_unix_nano})
         return out
 
+    def log_records(self) -> list[dict]:
+        """Every received log record as a dict with its resource attributes (ids in hex)."""
+        out = []
+        with self._lock:
+            for req in self.logs:
+                for rl in req.resource_logs:
+                    res = attrs(rl.resource.attributes)
+                    for sl in rl.scope_logs:
+                        for r in sl.log_records:
+                            out.append({"event_name": r.event_name, "severity_text": r.severity_text,
+                                        "body": any_value(r.body), "attributes": attrs(r.attributes),
+                                        "trace_id": r.trace_id.hex(), "span_id": r.span_id.hex(),
+                                        "time": r.time_unix_nano, "resource": res})
+        return out
+
     def wait_for(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
         """Poll `predicate` until true or timeout."""
         deadline = time.monotonic() + timeout_s

@@ -1,4 +1,4 @@
-"""The cached Collector build the tests run."""
+"""The cached Collector and Jaeger builds the tests run."""
 
 from __future__ import annotations
 
@@ -8,9 +8,19 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def collector_binary() -> Path:
-    """The cached collector build (scripts/build-collector.sh builds it on first use)."""
-    subprocess.run(["bash", str(REPO / "scripts/build-collector.sh")], check=True)
-    out = subprocess.run(["bash", str(REPO / "scripts/build-collector.sh"), "--path"], check=True,
+def _cached(script: str) -> Path:
+    """Build on first use with scripts/SCRIPT (cached under ~/.cache/otel-eacgm), return the binary."""
+    subprocess.run(["bash", str(REPO / "scripts" / script)], check=True)
+    out = subprocess.run(["bash", str(REPO / "scripts" / script), "--path"], check=True,
                          capture_output=True, text=True)
     return Path(out.stdout.strip())
+
+
+def collector_binary() -> Path:
+    """The cached collector build (scripts/build-collector.sh)."""
+    return _cached("build-collector.sh")
+
+
+def jaeger_binary() -> Path:
+    """The cached Jaeger v1.75.0 build (scripts/build-jaeger.sh)."""
+    return _cached("build-jaeger.sh")
