@@ -37,7 +37,7 @@ class AgentProcess:
     def __init__(self, endpoint: str, *args: str, env: dict[str, str] | None = None,
                  command: Sequence[str] = (), rss_interval_s: float = 0.5) -> None:
         cmd = agent_cmd(endpoint, *args, *(["--", *command] if command else []))
-        full_env = dict(os.environ, OTEL_EACGM_STATS_LOG_INTERVAL_S="1", **(env or {}))
+        full_env = {**os.environ, "OTEL_EACGM_STATS_LOG_INTERVAL_S": "1", **(env or {})}
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env)
         self.pid = self.proc.pid
         self.lines: list[str] = []
