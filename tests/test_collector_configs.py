@@ -10,7 +10,7 @@ import pytest
 from collector_build import REPO, collector_binary
 
 PORT_VARS = ("EACGM_COLLECTOR_GRPC_PORT", "EACGM_COLLECTOR_HTTP_PORT", "EACGM_STORE_PORT", "EACGM_JAEGER_OTLP_PORT",
-             "EACGM_DETECTOR_PORT", "EACGM_DETECTED_PORT")
+             "EACGM_DETECTOR_PORT", "EACGM_DETECTED_PORT", "EACGM_COLLECTOR_METRICS_PORT")
 # tempo.yaml's endpoints (Tempo itself is not run here)
 HOST_VARS = ("TEMPO_ENDPOINT", "DETECTOR_ENDPOINT", "OTLP_BACKEND")
 

@@ -1,0 +1,38 @@
+"""Debian's Chromium, headless, from its command line: no driver protocol is needed to let a
+page's scripts run (--virtual-time-budget) and then read its DOM or take a screenshot."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+#: Virtual milliseconds the page may run (fetches and rendering) before it is read.
+BUDGET_MS = 20000
+
+
+def _chromium(*args: str, timeout_s: float = 90) -> subprocess.CompletedProcess:
+    binary = shutil.which("chromium")
+    if binary is None:
+        raise AssertionError("chromium is not installed: scripts/setup.sh installs it (apt-get install chromium)")
+    with tempfile.TemporaryDirectory(prefix="eacgm-chromium-") as profile:
+        # --no-sandbox: Chromium refuses to run as root with its sandbox.
+        cmd = [binary, "--headless", "--disable-gpu", "--disable-dev-shm-usage", f"--user-data-dir={profile}",
+               "--hide-scrollbars", f"--virtual-time-budget={BUDGET_MS}",
+               *(["--no-sandbox"] if os.geteuid() == 0 else []), *args]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    if proc.returncode != 0:
+        raise AssertionError(f"chromium {' '.join(args)} exited {proc.returncode}: {proc.stderr[-2000:]}")
+    return proc
+
+
+def dump_dom(url: str) -> str:
+    """The page's DOM, serialized, once its scripts have run."""
+    return _chromium("--dump-dom", url).stdout
+
+
+def screenshot(url: str, path: Path, width: int, height: int) -> None:
+    """A PNG of the rendered page at width x height."""
+    _chromium(f"--screenshot={path}", f"--window-size={width},{height}", url)

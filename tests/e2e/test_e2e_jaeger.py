@@ -1,0 +1,88 @@
+"""The end-to-end run's traces in the real Jaeger (v1.75.0, scripts/build-jaeger.sh): found by the
+detector's annotation through Jaeger's query API, whole trees by id, and rendered by Jaeger's
+UI in headless Chromium."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from pathlib import Path
+
+import pytest
+
+from e2e_stack import SERVICE, Run
+from headless_chromium import dump_dom, screenshot
+from jaeger_api import find_traces, get_trace, tags_of
+
+pytestmark = pytest.mark.ebpf
+SCREEN = (1600, 900)
+
+
+def workload_spans(run: Run) -> list[dict]:
+    return [s for s in run.store.spans() if s["resource"].get("process.pid") == run.pid]
+
+
+def flagged_trace(run: Run) -> str:
+    """The trace an anomaly event points at (its slowest affected span's)."""
+    events = [r for r in run.store.log_records()
+              if r["event_name"] == "eacgm.anomaly" and r["attributes"].get("process.pid") == str(run.pid)]
+    assert events, "the detector flagged nothing"
+    return max(events, key=lambda e: len(e["attributes"]["eacgm.anomaly.trace_ids"]))["trace_id"]
+
+
+def test_search_by_the_anomaly_tag_finds_the_flagged_traces(e2e_run: Run) -> None:
+    spans = workload_spans(e2e_run)
+    flagged = {s["trace_id"] for s in spans if s["attributes"].get("eacgm.anomaly") is True}
+    assert flagged
+    start, end = min(s["start"] for s in spans), max(s["end"] for s in spans)
+    found = find_traces(e2e_run.jaeger_ui, SERVICE, tags={"eacgm.anomaly": "true"}, start_ns=start, end_ns=end)
+    assert {t["traceID"] for t in found} == flagged
+    every = find_traces(e2e_run.jaeger_ui, SERVICE, tags={}, start_ns=start, end_ns=end)
+    assert {t["traceID"] for t in every} == {s["trace_id"] for s in spans}, "Jaeger lost or invented traces"
+
+
+def test_trace_tree_by_id(e2e_run: Run) -> None:
+    trace_id = flagged_trace(e2e_run)
+    trace = get_trace(e2e_run.jaeger_ui, trace_id)
+    sent = {s["span_id"]: s for s in workload_spans(e2e_run) if s["trace_id"] == trace_id}
+    got = {s["spanID"]: s for s in trace["spans"]}
+    assert set(got) == set(sent)
+    roots = [s for s in got.values() if not s["references"]]
+    assert [r["operationName"] for r in roots] == ["step"]
+    root = roots[0]
+    for span_id, span in got.items():
+        assert span["operationName"] == sent[span_id]["name"]
+        assert trace["processes"][span["processID"]]["serviceName"] == SERVICE
+        assert tags_of(span).get("eacgm.anomaly") is True, "a flagged trace's spans carry the verdict"
+        if span is not root:
+            assert span["references"] == [{"refType": "CHILD_OF", "traceID": trace_id, "spanID": root["spanID"]}]
+            assert sent[span_id]["parent_span_id"] == root["spanID"]
+            assert root["startTime"] <= span["startTime"] <= root["startTime"] + root["duration"]
+    assert sum(s["operationName"] == "ncclAllReduce" for s in got.values()) > 1, "a fault step: extra all-reduces"
+
+
+def png_size_and_colours(path: Path) -> tuple[int, int, int]:
+    """(width, height, distinct byte values of the decoded rows) of a PNG file."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    width, height = struct.unpack(">II", data[16:24])
+    idat, pos = b"", 8
+    while pos < len(data):
+        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        if kind == b"IDAT":
+            idat += data[pos + 8:pos + 8 + length]
+        pos += 12 + length
+    return width, height, len(set(zlib.decompress(idat)))
+
+
+def test_jaeger_ui_renders_the_trace(e2e_run: Run) -> None:
+    trace_id = flagged_trace(e2e_run)
+    url = f"{e2e_run.jaeger_ui}/trace/{trace_id}"
+    dom = dump_dom(url)
+    for text in ("step", "ncclAllReduce", "cudaLaunchKernel", SERVICE, trace_id[:7]):
+        assert text in dom, f"{text!r} not in the rendered page {url}"
+    png = e2e_run.log_dir / "jaeger-trace.png"
+    screenshot(url, png, *SCREEN)
+    width, height, colours = png_size_and_colours(png)
+    assert (width, height) == SCREEN
+    assert png.stat().st_size > 20_000 and colours > 64, "the screenshot is (nearly) blank"
