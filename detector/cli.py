@@ -27,7 +27,7 @@ log = logging.getLogger("eacgm_detector")
 
 
 def _config(args) -> DetectorConfig:
-    cfg = DetectorConfig.load(args.config) if args.config else DetectorConfig()
+    cfg = (DetectorConfig.load(args.config) if args.config else DetectorConfig()).apply_environment()
     for key in ("listen", "export_endpoint", "model_path", "covariance_type", "max_components",
                 "window_s", "threshold_method", "threshold_risk"):
         val = getattr(args, key, None)

@@ -1,17 +1,26 @@
 """The detector's one typed configuration object.
 
-Defaults are the field defaults below; a YAML file (keys = field names) overrides them and
-command-line flags override the file. ``validate()`` names the offending key and value.
+Defaults are the field defaults below; a YAML file (keys = field names) overrides them, the
+environment overrides the file for secrets (``OTEL_EACGM_DETECTOR_BEARER_TOKEN``), and
+command-line flags override both. ``validate()`` names the offending key and value, for wrong
+types too: a config file is input, and a string where a number belongs must be an error that
+names the key, not a ``TypeError`` deep in the service.
 """
 
 from __future__ import annotations
 
+import math
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import yaml
 
 from eacgm_detector.model import COVARIANCE_TYPES, THRESHOLD_METHODS
+
+#: Environment variable that sets ``bearer_token`` (kept out of config files and command lines).
+BEARER_TOKEN_ENV = "OTEL_EACGM_DETECTOR_BEARER_TOKEN"
 
 
 @dataclass
@@ -23,6 +32,9 @@ class DetectorConfig:
     #: PEM server certificate and key; both or neither (TLS off).
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
+    #: When set, every RPC must carry ``authorization: Bearer <token>``, else UNAUTHENTICATED.
+    #: Prefer the environment variable OTEL_EACGM_DETECTOR_BEARER_TOKEN; use with TLS off loopback.
+    bearer_token: str | None = None
     #: OTLP gRPC endpoint (host:port) for anomaly logs, score gauges and annotated spans;
     #: None sends nothing (the CLI falls back to OTEL_EXPORTER_OTLP_ENDPOINT).
     export_endpoint: str | None = None
@@ -63,6 +75,8 @@ class DetectorConfig:
 
     def validate(self) -> "DetectorConfig":
         """Raise ``ValueError`` naming the first invalid key; return self."""
+        for f in fields(self):
+            _check_type(f.name, getattr(self, f.name), str(f.type))
         positive = ("max_request_bytes", "queue_size", "window_s", "warmup_windows", "refit_every",
                     "history_windows", "max_entities", "max_functions", "max_metrics",
                     "max_span_refs", "top_features", "max_components", "reg_covar")
@@ -88,13 +102,22 @@ class DetectorConfig:
             raise ValueError(f"listen: {self.listen!r}, expected host:port")
         if not self.entity_attributes or not all(isinstance(a, str) for a in self.entity_attributes):
             raise ValueError(f"entity_attributes: {self.entity_attributes!r}, expected a list of names")
+        if self.bearer_token is not None and (not self.bearer_token.strip() or not self.bearer_token.isprintable()):
+            raise ValueError("bearer_token: must be non-empty printable text (it travels in a gRPC header)")
+        return self
+
+    def apply_environment(self, environ: Mapping[str, str] | None = None) -> "DetectorConfig":
+        """Take ``bearer_token`` from OTEL_EACGM_DETECTOR_BEARER_TOKEN when set; return self."""
+        env = os.environ if environ is None else environ
+        if env.get(BEARER_TOKEN_ENV):
+            self.bearer_token = env[BEARER_TOKEN_ENV]
         return self
 
     @classmethod
     def from_mapping(cls, data: dict) -> "DetectorConfig":
         """Build from a dict (parsed YAML); unknown keys are an error, not ignored."""
         known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
+        unknown = sorted(str(k) for k in set(data) - known)
         if unknown:
             raise ValueError(f"unknown detector config key(s) {unknown}; known: {sorted(known)}")
         return cls(**data).validate()
@@ -102,7 +125,30 @@ class DetectorConfig:
     @classmethod
     def load(cls, path: str | Path) -> "DetectorConfig":
         """Read a YAML file whose top level is a mapping of field names."""
-        data = yaml.safe_load(Path(path).read_text()) or {}
+        try:
+            data = yaml.safe_load(Path(path).read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ValueError(f"{path}: not valid YAML: {exc}") from None
         if not isinstance(data, dict):
             raise ValueError(f"{path}: expected a mapping of detector config keys, got {type(data).__name__}")
         return cls.from_mapping(data)
+
+
+def _check_type(key: str, value, type_text: str) -> None:
+    """Raise ``ValueError`` unless ``value`` fits the field's annotation (finite for floats)."""
+    if value is None and "None" in type_text:
+        return
+    base = type_text.split(" |")[0]
+    if base == "list[str]":
+        ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
+    elif base == "float":
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    elif base == "int":
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif base == "bool":
+        ok = isinstance(value, bool)
+    else:
+        ok = isinstance(value, str)
+    if not ok:
+        raise ValueError(f"{key}: {value!r} is not a valid {type_text}" +
+                         (" (finite)" if base == "float" else ""))

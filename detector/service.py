@@ -21,6 +21,7 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as metr
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as trace_pb
 
 from eacgm_detector import emit
+from eacgm_detector.auth import BearerTokenInterceptor
 from eacgm_detector.config import DetectorConfig
 from eacgm_detector.exporter import OtlpExporter
 from eacgm_detector.pipeline import Detector
@@ -52,8 +53,10 @@ class DetectorService:
         self.exporter = exporter
         self._queue: queue.Queue = queue.Queue(maxsize=cfg.queue_size)
         self._worker = threading.Thread(target=self._run, name="eacgm-detector-score", daemon=True)
+        self.auth = BearerTokenInterceptor(cfg.bearer_token) if cfg.bearer_token else None
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="eacgm-detector-rpc"),
+            interceptors=[self.auth] if self.auth else None,
             options=[("grpc.max_receive_message_length", 2 * cfg.max_request_bytes)])
         handlers = [grpc.method_handlers_generic_handler(
             name, {"Export": grpc.unary_unary_rpc_method_handler(
@@ -68,12 +71,17 @@ class DetectorService:
             self.port = self._server.add_insecure_port(cfg.listen)
         if self.port == 0:
             raise ValueError(f"listen: cannot bind {cfg.listen!r}")
+        if cfg.bearer_token and not cfg.tls_cert_file and not _loopback(cfg.listen):
+            log.warning("bearer_token is set but TLS is off on %s: the token crosses the network in clear text; "
+                        "set tls_cert_file/tls_key_file", cfg.listen)
 
     def start(self) -> "DetectorService":
         """Start serving; returns self."""
         self._worker.start()
         self._server.start()
-        log.info("detector listening on %s (port %d)", self.cfg.listen, self.port)
+        log.info("detector listening on %s (port %d, %s, %s)", self.cfg.listen, self.port,
+                 "TLS" if self.cfg.tls_cert_file else "plaintext",
+                 "bearer token required" if self.auth else "no authentication")
         return self
 
     def _handler(self, signal: str):
@@ -149,3 +157,8 @@ class DetectorService:
             self.exporter.shutdown()
             log.info("detector output: %s", dict(self.exporter.counters))
         log.info("detector stopped: %s", dict(self.detector.counters))
+
+
+def _loopback(listen: str) -> bool:
+    host = listen.rsplit(":", 1)[0].strip("[]")
+    return host in ("localhost", "::1") or host.startswith("127.")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -176,12 +177,18 @@ def _coerce(key: str, raw: Any, current: Any, type_name: Any, source: str) -> An
     text = str(type_name)
     try:
         if raw is None:
+            if "None" not in text:
+                raise ValueError("no value")
             return None
         if "list[int]" in text:
             items = raw.split(",") if isinstance(raw, str) else raw
-            return [int(x) for x in items if str(x).strip()]
+            if not isinstance(items, list):
+                raise ValueError("not a list")
+            return [_integer(x) for x in items if str(x).strip()]
         if "list[str]" in text:
             items = raw.split(",") if isinstance(raw, str) else raw
+            if not isinstance(items, list) or not all(isinstance(x, (str, int, float)) for x in items):
+                raise ValueError("not a list of names")
             return [str(x).strip() for x in items if str(x).strip()]
         if "bool" in text:
             if isinstance(raw, bool):
@@ -193,12 +200,30 @@ def _coerce(key: str, raw: Any, current: Any, type_name: Any, source: str) -> An
                 return False
             raise ValueError("not a boolean")
         if "float" in text:
-            return float(raw)
+            if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
+                raise ValueError("not a number")
+            value = float(raw)
+            if not math.isfinite(value):
+                raise ValueError("not a finite number")
+            return value
         if "int" in text:
-            return int(raw)
+            return _integer(raw)
+        if not isinstance(raw, (str, int, float)) or isinstance(raw, bool):
+            raise ValueError("not text")
         return str(raw)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, OverflowError) as exc:
         raise ConfigError(f"{source}: {key}={raw!r} is invalid ({exc}); expected {text}") from None
+
+
+def _integer(raw: Any) -> int:
+    """An int from an int, an integral float or its text; 1.5, true and [] are not integers."""
+    if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
+        raise ValueError("not an integer")
+    if isinstance(raw, float):
+        if not raw.is_integer():
+            raise ValueError("not an integer")
+        return int(raw)
+    return int(raw)
 
 
 def _flatten(data: Mapping[str, Any], source: str) -> dict[str, Any]:
