@@ -8,6 +8,9 @@ model file from an untrusted place can at worst be rejected, never run.
 from __future__ import annotations
 
 import json
+import math
+import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,36 +64,76 @@ def save_model(path: str | Path, model: SavedModel) -> None:
 
 
 def load_model(path: str | Path) -> SavedModel:
-    """Read a model written by :func:`save_model`; raise ``ValueError`` if it is not one."""
+    """Read a model written by :func:`save_model`; raise ``ValueError`` if it is not one.
+
+    Everything in the file is checked before use (a model path is input like any other):
+    the JSON document's fields and types, every array's presence, dtype and shape, so that a
+    damaged or hostile file is refused here with its path named, never later while scoring.
+    """
     try:
         with np.load(path, allow_pickle=False) as data:
+            if not isinstance(data, np.lib.npyio.NpzFile):
+                raise ValueError("a single array, not an .npz archive")
             meta = json.loads(str(data["meta"]))
             arrays = {k: data[k] for k in data.files if k != "meta"}
-    except (OSError, KeyError, ValueError) as exc:
+    except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
         raise ValueError(f"{path}: not a detector model file ({exc})") from exc
+    if not isinstance(meta, dict):
+        raise ValueError(f"{path}: not a detector model file (meta is {type(meta).__name__}, not an object)")
     if meta.get("format") != FORMAT or meta.get("version") != FORMAT_VERSION:
         raise ValueError(
             f"{path}: format {meta.get('format')!r} version {meta.get('version')!r}, "
             f"expected {FORMAT!r} version {FORMAT_VERSION}"
         )
+    try:
+        return _restore(meta, arrays)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{path}: damaged detector model file ({type(exc).__name__}: {exc})") from exc
+
+
+def _restore(meta: dict, arrays: dict[str, np.ndarray]) -> SavedModel:
+    names = meta["feature_names"]
+    k = meta["n_components"]
+    if not (isinstance(names, list) and names and all(isinstance(n, str) for n in names)):
+        raise ValueError("feature_names must be a non-empty list of strings")
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise ValueError(f"n_components {k!r} must be a positive integer")
+    if not isinstance(meta["params"], dict):
+        raise ValueError("params must be an object")
+    for name, arr in arrays.items():
+        if arr.dtype.kind not in "fiu":
+            raise ValueError(f"array {name!r} has dtype {arr.dtype}, expected numbers")
     det = GMMDetector(**meta["params"])
+    d = len(names)
+    cov_shape = {"full": (k, d, d), "tied": (d, d), "diag": (k, d), "spherical": (k,)}.get(det.covariance_type)
+    if cov_shape is None:
+        raise ValueError(f"covariance_type {det.covariance_type!r} unknown")
+    shapes = {"fill_": (d,), "center_": (d,), "scale_": (d,), "mixture.weights_": (k,),
+              "mixture.means_": (k, d), "mixture.covariances_": cov_shape,
+              "mixture.precisions_cholesky_": cov_shape, "mixture.precisions_": cov_shape}
+    for name, shape in shapes.items():
+        if arrays[name].shape != shape:
+            raise ValueError(f"array {name!r} has shape {arrays[name].shape}, expected {shape}")
+        if not np.all(np.isfinite(arrays[name])):
+            raise ValueError(f"array {name!r} has non-finite values")
     for name in _ARRAYS:
         setattr(det, name, arrays[name])
-    gm = GaussianMixture(
-        n_components=meta["n_components"],
-        covariance_type=det.covariance_type,
-        reg_covar=det.reg_covar,
-    )
+    gm = GaussianMixture(n_components=k, covariance_type=det.covariance_type, reg_covar=det.reg_covar)
     for name in _MIXTURE_ARRAYS:
         setattr(gm, name, arrays[f"mixture.{name}"])
     gm.converged_, gm.n_iter_, gm.lower_bound_ = True, 0, -np.inf
     det.mixture_ = gm
-    det.n_components_ = meta["n_components"]
-    det.n_features_in_ = len(meta["feature_names"])
-    det.threshold_ = det.offset_ = meta["threshold"]
-    det.threshold_method_ = meta["threshold_method"]
+    det.n_components_ = k
+    det.n_features_in_ = d
+    det.threshold_ = det.offset_ = float(meta["threshold"])
+    if not math.isfinite(det.threshold_):
+        raise ValueError(f"threshold {det.threshold_!r} is not finite")
+    det.threshold_method_ = str(meta["threshold_method"])
     det.n_iter_ = 0
-    return SavedModel(det, list(meta["feature_names"]), meta.get("window_s"))
+    window_s = meta.get("window_s")
+    if window_s is not None and not (isinstance(window_s, (int, float)) and math.isfinite(window_s) and window_s > 0):
+        raise ValueError(f"window_s {window_s!r} must be a positive number")
+    return SavedModel(det, list(names), window_s)
 
 
 def _plain_seed(seed):
