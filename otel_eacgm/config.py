@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import math
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from otel_eacgm.probes.catalog import TORCH_SLOTS, Layer
 log = logging.getLogger(__name__)
 
 ENV_PREFIX = "OTEL_EACGM_"
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 LAYER_NAMES = tuple(layer.value for layer in Layer)
 # Python function probes cost a probe hit per Python call of the traced process (filtered in
 # the kernel, but hit): opt-in.
@@ -107,6 +109,12 @@ class AgentConfig:
     cgroup: str | None = None
     """Trace the processes of this cgroup v2 directory (and its descendants)."""
 
+    # resource attributes of traced processes (opt-in: command lines and environments hold secrets)
+    resource_command_line: bool = False
+    """Add the traced process' argv as process.command_args to its resource."""
+    resource_environment: list[str] = dataclasses.field(default_factory=list)
+    """Environment variables of the traced process to add as process.environment_variable.<NAME> (exact names)."""
+
     # self-telemetry and logs
     metrics_interval_s: float = 10.0
     """Metric export interval (also the sampling interval of the GPU and network counters)."""
@@ -159,6 +167,9 @@ class AgentConfig:
             raise ConfigError(f"max_kernel_names {self.max_kernel_names} must be >= 0")
         if self.queue_size < self.batch_size or self.batch_size <= 0:
             raise ConfigError(f"queue_size {self.queue_size} must be >= batch_size {self.batch_size} > 0")
+        bad_env = [n for n in self.resource_environment if not _ENV_NAME.fullmatch(n)]
+        if bad_env:
+            raise ConfigError(f"resource_environment {bad_env} are not environment variable names (e.g. SLURM_JOB_ID)")
         if self.cgroup is not None and not Path(self.cgroup).is_dir():
             raise ConfigError(f"cgroup {self.cgroup!r} is not a directory (expected e.g. /sys/fs/cgroup/system.slice/train.service)")
         if self.log_level.upper() not in logging.getLevelNamesMapping():

@@ -1,7 +1,11 @@
 """The OpenTelemetry resource of each traced process, read once from /proc.
 
 service.name is the target's own OTEL_SERVICE_NAME when it sets one (so the agent's spans land
-next to the application's own telemetry), else its executable name.
+next to the application's own telemetry), else its executable name. The environment is read
+for those few variables only; command lines and environment values are left out unless the
+configuration asks for them (resource_command_line, resource_environment), because they often
+carry secrets (tokens in arguments, credentials in variables) that would then travel to every
+backend.
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+from collections.abc import Sequence
 from pathlib import Path
 
 from opentelemetry.sdk.resources import Resource
@@ -50,8 +55,25 @@ def container_id(pid: int, proc: Path = Path("/proc")) -> str | None:
     return match.group(1) if match else None
 
 
-def process_resource(pid: int, proc: Path = Path("/proc"), host_name: str | None = None) -> Resource:
-    """Resource attributes for a traced process; what cannot be read is left out."""
+def command_args(pid: int, proc: Path = Path("/proc")) -> list[str] | None:
+    """argv of the process (process.command_args), None when unreadable or a kernel thread."""
+    try:
+        raw = (proc / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return None
+    args = [a.decode(errors="replace") for a in raw.split(b"\0")]
+    if args and args[-1] == "":
+        args.pop()
+    return args or None
+
+
+def process_resource(pid: int, proc: Path = Path("/proc"), host_name: str | None = None, *,
+                     command_line: bool = False, environment: Sequence[str] = ()) -> Resource:
+    """Resource attributes for a traced process; what cannot be read is left out.
+
+    `command_line` adds process.command_args, and each name in `environment` that the process
+    has adds process.environment_variable.<NAME>: both opt-in, see the module docstring.
+    """
     env = _environ(pid, proc)
     exe = _executable(pid, proc)
     attrs: dict[str, object] = {
@@ -70,4 +92,11 @@ def process_resource(pid: int, proc: Path = Path("/proc"), host_name: str | None
         value = env.get(var, "")
         if value.isdigit():
             attrs[attr] = int(value)
+    if command_line:
+        args = command_args(pid, proc)
+        if args:
+            attrs["process.command_args"] = args
+    for name in environment:
+        if name in env:
+            attrs[f"process.environment_variable.{name}"] = env[name]
     return Resource(attrs)  # type: ignore[arg-type]
