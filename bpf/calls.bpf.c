@@ -38,7 +38,9 @@ enum eacgm_stat {
 	STAT_UNMATCHED_RETURN = 2,/* return without a recorded entry (probe attached mid-call) */
 	STAT_MISMATCHED_RETURN = 3,/* return of another probe than the open frame's */
 	STAT_INFLIGHT_FULL = 4,   /* inflight map full */
-	STAT_COUNT = 5,
+	STAT_SAMPLED_OUT = 5,     /* call not sent: outside the span sample, fast, succeeded */
+	STAT_STATS_FULL = 6,      /* call_stats map full: the call is missing from the statistics */
+	STAT_COUNT = 7,
 };
 
 struct frame_key {
@@ -76,6 +78,12 @@ BPF_HASH(opening, __u32, struct open_path, 1024);
 BPF_PERCPU_ARRAY(scratch, struct open_path, 1);
 BPF_ARRAY(py_rules, struct py_rule, EACGM_PY_RULES);
 BPF_ARRAY(py_conf, struct probe_conf, 1); /* usdt_reg of the interpreters' function probes */
+#ifndef EACGM_STAT_KEYS
+#define EACGM_STAT_KEYS 8192
+#endif
+BPF_HASH(call_stats, struct stat_key, struct call_stat, EACGM_STAT_KEYS);
+BPF_PERCPU_ARRAY(stat_zero, struct call_stat, 1); /* a zeroed value to insert (too large for the stack) */
+BPF_ARRAY(sample_conf, struct sample_conf, 1);
 
 struct py_scratch {
 	char func[EACGM_FUNC_BYTES];
@@ -111,6 +119,138 @@ static __always_inline __u64 new_call_id(void)
 	if (!next)
 		return 0;
 	return __sync_fetch_and_add(next, 1) + 1;
+}
+
+/* --- sampling and call statistics ---------------------------------------------------------
+ * Every call is counted here (count, failures by return code, a log2 duration histogram,
+ * NCCL bytes and bandwidth), so the agent's statistics cover all calls at any sampling ratio
+ * and whatever the ring buffer lost; only calls that become spans cross the ring buffer. */
+static __always_inline __u64 mix64(__u64 x)
+{
+	x += 0x9E3779B97F4A7C15ULL;
+	x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+	x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+	return x ^ (x >> 31);
+}
+
+static __always_inline struct sample_conf *sampling(void)
+{
+	int zero = 0;
+	return sample_conf.lookup(&zero);
+}
+
+/* Whether a call entered at `now` is in the span sample. Calls follow their parent, unless
+ * they start long after it (a main() open for hours: its steps are decided one by one); the
+ * others are decided per thread and time slice, the unit the agent groups outermost calls in. */
+static __always_inline int in_sample(struct sample_conf *sc, struct frame *parent, __u32 tid, __u64 now,
+				     __u64 call_id)
+{
+	if (!sc || sc->ratio >= 65536)
+		return 1;
+	if (parent && now - parent->entry_ns < sc->resample_ns)
+		return (parent->flags & EACGM_FLAG_SAMPLED) != 0;
+	if (!sc->ratio)
+		return 0;
+	__u64 x = sc->slice_ns ? (((__u64)tid << 32) ^ (now / sc->slice_ns)) : call_id;
+	return (mix64(x ^ sc->salt) & 0xffff) < sc->ratio;
+}
+
+static __always_inline __u64 nccl_type_size(__u64 dtype)
+{
+	switch ((__u32)dtype) {
+	case 0: case 1: case 10: case 11: return 1;      /* int8, uint8, float8e4m3, float8e5m2 */
+	case 6: case 9: return 2;                         /* float16, bfloat16 */
+	case 2: case 3: case 7: return 4;                 /* int32, uint32, float32 */
+	case 4: case 5: case 8: return 8;                 /* int64, uint64, float64 */
+	}
+	return 0;
+}
+
+/* Python calls are counted per function: their file, function name and line (the interpreter's
+ * string addresses are stable for a code object). otel_eacgm/metrics/call_stats.py mirrors it. */
+static __always_inline __u64 py_key(__u64 *args)
+{
+	return args[0] ^ (args[1] * 0x9E3779B97F4A7C15ULL) ^ ((args[2] & 0xffffffffULL) << 32);
+}
+
+static __always_inline __u32 log2_bucket(__u64 v, int shift)
+{
+	__u32 b = v ? bpf_log2l(v) : 0;
+	b = b > shift ? b - shift : 0;
+	return b & 31;
+}
+
+/* Counts one call; returns 1 when it opened a new statistics entry. */
+static __always_inline int account(struct sample_conf *sc, struct probe_conf *conf, struct frame *f, __u32 tgid,
+				   __s32 status, __u64 dur_ns, int timed, const int python)
+{
+	if (!sc || !sc->stats_on)
+		return 0;
+	struct stat_key key = {};
+	key.pid = tgid;
+	key.probe_id = f->probe_id;
+	key.status = status;
+	int k = conf->key_arg;
+	if (python)
+		key.key = py_key(f->args);
+	else if (k >= 0 && k < EACGM_MAX_ARGS)
+		key.key = f->args[k];
+	int fresh = 0;
+	struct call_stat *st = call_stats.lookup(&key);
+	if (!st) {
+		int zero = 0;
+		struct call_stat *z = stat_zero.lookup(&zero);
+		if (!z)
+			return 0;
+		fresh = call_stats.insert(&key, z) == 0;
+		st = call_stats.lookup(&key);
+		if (!st) {
+			count(STAT_STATS_FULL);
+			return 0;
+		}
+	}
+	__sync_fetch_and_add(&st->count, 1);
+	if (timed) {
+		__sync_fetch_and_add(&st->timed, 1);
+		__sync_fetch_and_add(&st->sum_ns, dur_ns);
+		__sync_fetch_and_add(&st->dur[log2_bucket(dur_ns, EACGM_DUR_SHIFT)], 1);
+	}
+	int c = conf->count_arg, d = conf->dtype_arg;
+	if (c >= 0 && c < EACGM_MAX_ARGS && d >= 0 && d < EACGM_MAX_ARGS) {
+		__u64 bytes = f->args[c] * nccl_type_size(f->args[d]);
+		__sync_fetch_and_add(&st->bytes, bytes);
+		if (timed && status == 0 && bytes && dur_ns) {
+			/* bytes * 1e9 stays below 2^64 up to 16 GiB */
+			__u64 bw = bytes < (1ULL << 34) ? bytes * 1000000000ULL / dur_ns : bytes / dur_ns * 1000000000ULL;
+			__sync_fetch_and_add(&st->bw_sum, bw);
+			__sync_fetch_and_add(&st->bw_count, 1);
+			__sync_fetch_and_add(&st->bw[log2_bucket(bw, EACGM_BW_SHIFT)], 1);
+		}
+	}
+	return fresh;
+}
+
+/* A sent call's parent is sent too (KEEP), so that no span arrives without its ancestors. */
+static __always_inline void keep_parent(__u32 tid, __u32 depth)
+{
+	if (depth == 0 || depth > EACGM_MAX_DEPTH)
+		return;
+	struct frame_key pk = {.tid = tid, .depth = depth - 1};
+	struct frame *parent = inflight.lookup(&pk);
+	if (parent)
+		parent->flags |= EACGM_FLAG_KEEP;
+}
+
+/* Whether a completed call is sent to the agent; counts the ones that are not. */
+static __always_inline int to_send(struct sample_conf *sc, struct probe_conf *conf, struct frame *f, __s32 status,
+				   __u64 dur_ns, int fresh)
+{
+	if ((f->flags & (EACGM_FLAG_SAMPLED | EACGM_FLAG_KEEP)) || status || conf->always_send || fresh ||
+	    (sc && dur_ns >= sc->slow_ns)) {
+		return 1;
+	}
+	count(STAT_SAMPLED_OUT);
+	return 0;
 }
 
 static __always_inline void read_args(struct pt_regs *ctx, __u64 *args)
@@ -331,7 +471,12 @@ int unwind(struct pt_regs *ctx)
 	if (dp && top && stale(top, PT_REGS_SP(ctx), at_return)) {
 		/* one frame per pass; the program calls itself for the next (the kernel bounds the
 		 * chain at 33 tail calls, far more than exception-unwound operator frames) */
+		int slot = top->probe_id;
+		struct probe_conf *conf = probe_conf.lookup(&slot);
+		if (conf)
+			account(sampling(), conf, top, tgid, EACGM_STATUS_UNWOUND, 0, 0, 0);
 		emit(top, tgid, tid, depth - 1, EACGM_FLAG_UNWOUND, bpf_ktime_get_ns(), 0, 0, -1);
+		keep_parent(tid, depth - 1);
 		inflight.delete(&key);
 		if (depth == 1)
 			depths.delete(&tid);
@@ -368,7 +513,13 @@ static __always_inline int on_py_return(struct pt_regs *ctx, __u32 probe_id, str
 		depths.delete(&tid);
 	else
 		*dp = depth;
-	emit_py(f, tgid, tid, depth, bpf_ktime_get_ns());
+	struct sample_conf *sc = sampling();
+	__u64 now = bpf_ktime_get_ns();
+	int fresh = account(sc, conf, f, tgid, 0, now - f->entry_ns, 1, 1);
+	if (to_send(sc, conf, f, 0, now - f->entry_ns, fresh)) {
+		emit_py(f, tgid, tid, depth, now);
+		keep_parent(tid, depth);
+	}
 	inflight.delete(&key);
 	return 0;
 }
@@ -425,9 +576,10 @@ static __always_inline int on_entry(struct pt_regs *ctx, __u32 probe_id, const i
 	f.exit_probes = conf->exit_probes;
 	f.entry_ns = bpf_ktime_get_ns();
 	f.call_id = new_call_id();
+	struct frame *parent = NULL;
 	if (depth > 0 && depth <= EACGM_MAX_DEPTH) {
 		struct frame_key pk = {.tid = tid, .depth = depth - 1};
-		struct frame *parent = inflight.lookup(&pk);
+		parent = inflight.lookup(&pk);
 		if (parent) {
 			f.parent_id = parent->call_id;
 			f.root_id = parent->root_id;
@@ -435,9 +587,16 @@ static __always_inline int on_entry(struct pt_regs *ctx, __u32 probe_id, const i
 	}
 	if (!f.root_id)
 		f.root_id = f.call_id;
+	struct sample_conf *sc = sampling();
+	if (in_sample(sc, parent, tid, f.entry_ns, f.call_id))
+		f.flags |= EACGM_FLAG_SAMPLED;
 
 	if (!conf->has_return && !conf->exit_probes) {
-		emit(&f, tgid, tid, depth, 0, f.entry_ns, 0, 0, conf->str_arg);
+		account(sc, conf, &f, tgid, 0, 0, 0, 0);
+		if (to_send(sc, conf, &f, 0, 0, 0)) {
+			emit(&f, tgid, tid, depth, 0, f.entry_ns, 0, 0, conf->str_arg);
+			keep_parent(tid, depth);
+		}
 		return 0;
 	}
 	if (depth < EACGM_MAX_DEPTH) {
@@ -495,14 +654,23 @@ static __always_inline int on_return(struct pt_regs *ctx, __u32 probe_id)
 		inflight.delete(&key);
 		return 0;
 	}
+	__u64 now = bpf_ktime_get_ns();
+	__s64 ret = PT_REGS_RC(ctx);
+	__s32 status = conf->returns_status ? (__s32)ret : 0;
+	struct sample_conf *sc = sampling();
+	account(sc, conf, f, tgid, status, now - f->entry_ns, 1, 0);
+	if (!to_send(sc, conf, f, status, now - f->entry_ns, 0)) {
+		inflight.delete(&key);
+		return 0;
+	}
 	__u64 out_value = 0;
 	__u8 flags = EACGM_FLAG_RETURNED;
 	int out = conf->out_arg;
 	if (out >= 0 && out < EACGM_MAX_ARGS &&
 	    bpf_probe_read_user(&out_value, sizeof(out_value), (void *)f->args[out]) == 0)
 		flags |= EACGM_FLAG_OUT;
-	emit(f, tgid, tid, depth, flags, bpf_ktime_get_ns(), PT_REGS_RC(ctx), out_value,
-	     conf->str_arg);
+	emit(f, tgid, tid, depth, flags, now, ret, out_value, conf->str_arg);
+	keep_parent(tid, depth);
 	inflight.delete(&key);
 	return 0;
 }

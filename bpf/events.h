@@ -15,6 +15,11 @@
 #define EACGM_PY_RULES 16    /* Python include/exclude rules, first match wins */
 #define EACGM_PY_NAMES 64    /* distinct path component names in all rules (bits of py_rule.need) */
 #define EACGM_PY_PROBE_ID 65535 /* call_event.probe_id of Python function calls */
+#define EACGM_DUR_BUCKETS 32 /* call_stat.dur: [0, 2^10 ns), [2^10, 2^11) .. [2^40 ns, inf) */
+#define EACGM_DUR_SHIFT 9
+#define EACGM_BW_BUCKETS 32  /* call_stat.bw: [0, 2^20 B/s), [2^20, 2^21) .. [2^50, inf) */
+#define EACGM_BW_SHIFT 19
+#define EACGM_STATUS_UNWOUND (-2147483647 - 1) /* stat_key.status of calls a C++ exception left */
 
 enum eacgm_event_type {
 	EACGM_EVENT_CALL = 1,      /* struct call_event */
@@ -31,6 +36,9 @@ enum eacgm_call_flags {
 	EACGM_FLAG_DEREF = 4,      /* deref holds the struct an argument pointed to */
 	EACGM_FLAG_OUT = 8,        /* out_value holds *args[out_arg] read at return */
 	EACGM_FLAG_UNWOUND = 16,   /* left by a C++ exception: a later call found its frame gone */
+	EACGM_FLAG_SAMPLED = 32,   /* in the span sample; otherwise sent only because it is slow, failed,
+				    * an ancestor of a sent call, or feeds the agent's decoders */
+	EACGM_FLAG_KEEP = 64,      /* (frames only) a call under this one was sent: send this one too */
 };
 
 struct call_event {
@@ -88,11 +96,47 @@ struct thread_exit_event {
 struct probe_conf {
 	__u8 has_return;    /* a uretprobe reports the return */
 	__u8 exit_probes;   /* return_N is attached at the function's return instructions instead */
-	__u8 pad0[2];
+	__u8 returns_status;/* the return value is a status code: nonzero is a failure */
+	__u8 always_send;   /* every call goes to the agent (its decoder keeps state: names, sizes) */
 	__s32 deref_arg;    /* -1: none (32-bit: BCC's map type decoder has no signed char) */
 	__s32 out_arg;      /* -1: none */
 	__s32 str_arg;      /* -1: none */
 	__s32 usdt_reg[3];  /* py_conf: byte offsets in struct pt_regs of USDT arguments 1-3 */
+	__s32 key_arg;      /* call statistics are kept per value of this argument (kernel, communicator) */
+	__s32 count_arg;    /* NCCL: element count; bytes = count * size of the datatype argument */
+	__s32 dtype_arg;
+	__u32 pad1;
+};
+
+/* Call statistics, aggregated here for every call whether or not it is sent to the agent. */
+struct stat_key {
+	__u32 pid;
+	__u16 probe_id;
+	__u16 pad0;
+	__s32 status;       /* 0: succeeded or has no status; else the return code or EACGM_STATUS_UNWOUND */
+	__u32 pad1;
+	__u64 key;          /* the key_arg's value; Python: hash of file, function and line (see py_key) */
+};
+
+struct call_stat {
+	__u64 count;
+	__u64 timed;        /* calls with a duration (a return was seen) */
+	__u64 sum_ns;
+	__u64 bytes;
+	__u64 bw_sum;       /* sum of per-call bytes/s over timed successful calls that moved bytes */
+	__u64 bw_count;
+	__u64 dur[EACGM_DUR_BUCKETS];
+	__u64 bw[EACGM_BW_BUCKETS];
+};
+
+/* Which calls become spans (sample_conf[0], written by the agent). */
+struct sample_conf {
+	__u32 ratio;        /* out of 65536 (65536: every call) */
+	__u32 stats_on;     /* aggregate call statistics */
+	__u64 slow_ns;      /* calls at least this long are always sent */
+	__u64 slice_ns;     /* the unit of sampling: one thread's time slice (0: each outermost call) */
+	__u64 resample_ns;  /* calls entered this long after their parent are decided afresh */
+	__u64 salt;
 };
 
 /* One Python filter rule (py_rules array). A rule matches when every condition it sets holds:

@@ -22,16 +22,18 @@ from pathlib import Path
 
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otel_eacgm import __version__
 from otel_eacgm.attach import Attacher, TorchSelection
-from otel_eacgm.bpf_loader import CallProgram, ProgramOptions
+from otel_eacgm.bpf_loader import CallProgram, ProgramOptions, Sampling
 from otel_eacgm.clock import EpochClock
 from otel_eacgm.config import AgentConfig
 from otel_eacgm.decoders import DecodeContext
 from otel_eacgm.events import (CallEvent, CallFlags, CallStrEvent, LibOpenEvent, PyCallEvent, Stat, ThreadExitEvent,
                                decode)
-from otel_eacgm.export import SpanQueue, meter_provider, metric_exporter, span_exporter
+from otel_eacgm.export import ProducingMetricExporter, SpanQueue, meter_provider, metric_exporter, span_exporter
 from otel_eacgm.kernel_names import KernelNames
 from otel_eacgm.metrics.call_stats import CallStatistics
 from otel_eacgm.metrics.host import start_host_metrics
@@ -41,7 +43,7 @@ from otel_eacgm.probes.python_usdt import compile_rules
 from otel_eacgm.probes.libraries import all_pids, cgroup_pids, family_of, libraries_of, resolve
 from otel_eacgm.resources import process_resource
 from otel_eacgm.shaping import TraceShaper
-from otel_eacgm.spans import SpanBuilder
+from otel_eacgm.spans import SpanBuilder, error_type
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +72,7 @@ class Agent:
         self._resources: dict[int, Resource] = {}
         self._host = socket.gethostname()
         self._pending_scans: list[tuple[float, int]] = []
+        self._stats_forget: list[tuple[float, int]] = []
         filtering = bool(cfg.pids or cfg.cgroup or self.command)
         gate = cfg.gate_opens if cfg.gate_opens is not None else bool(self.command)
         layers = frozenset(Layer(n) for n in cfg.layers)
@@ -101,19 +104,23 @@ class Agent:
         )
         self.shaper = TraceShaper(self.queue.put, self.builder.ids, max_spans=cfg.trace_max_spans,
                                   max_delay_s=cfg.trace_max_delay_s, slice_s=cfg.trace_slice_s,
-                                  sample_ratio=cfg.span_sample_ratio, slow_s=cfg.span_slow_s)
-        self._meters = meter_provider(
-            metric_exporter(cfg.protocol, cfg.endpoint, cfg.insecure, cfg.export_timeout_s) if cfg.otlp
-            else NullMetricExporter(),
-            cfg.metrics_interval_s,
-            Resource({"service.name": "otel-eacgm-agent", "host.name": self._host, "process.pid": os.getpid(),
-                      "service.version": __version__}),
-        )
-        self._register_metrics()
+                                  slow_s=cfg.span_slow_s)
         # Without OTLP (a `trace` run) metrics go nowhere: neither count calls nor start the sources.
         metered = cfg.otlp
-        self.call_stats = CallStatistics(self._meters.get_meter("otel_eacgm.metrics.calls", __version__),
+        self.call_stats = CallStatistics(self.rows, self.kernel_names, error_type,
                                          max_kernel_names=cfg.max_kernel_names) if cfg.call_metrics and metered else None
+        self.program.set_sampling(Sampling(
+            ratio=cfg.span_sample_ratio, slow_s=cfg.span_slow_s, slice_s=cfg.trace_slice_s,
+            resample_s=cfg.trace_max_delay_s, salt=self.builder.ids.salt, statistics=self.call_stats is not None))
+        resource = Resource({"service.name": "otel-eacgm-agent", "host.name": self._host, "process.pid": os.getpid(),
+                             "service.version": __version__})
+        exporter = metric_exporter(cfg.protocol, cfg.endpoint, cfg.insecure, cfg.export_timeout_s) if cfg.otlp \
+            else NullMetricExporter()
+        if self.call_stats is not None:
+            exporter = ProducingMetricExporter(exporter, self.call_stats.metrics, resource,
+                                               InstrumentationScope("otel_eacgm.metrics.calls", __version__))
+        self._meters = meter_provider(exporter, cfg.metrics_interval_s, resource)
+        self._register_metrics()
         self.host_metrics = start_host_metrics(
             self._meters, gpu=cfg.gpu_metrics and metered, network=cfg.network_metrics and metered,
             tcp_retransmits=cfg.tcp_retransmits and metered,
@@ -130,8 +137,11 @@ class Agent:
                 return fn()
             return [callback]
 
-        meter.create_observable_counter("eacgm.agent.calls", observe(lambda: [Observation(self.counters.calls)]),
-                                        unit="{call}", description="Call records received from the kernel")
+        meter.create_observable_counter("eacgm.agent.calls", observe(lambda: [Observation(self.captured())]),
+                                        unit="{call}", description="Calls captured by the probes")
+        meter.create_observable_counter(
+            "eacgm.agent.sampled_out", observe(lambda: [Observation(self.sampled_out())]),
+            unit="{call}", description="Calls captured but not exported as spans (outside the span sample)")
         meter.create_observable_counter(
             "eacgm.agent.spans.exported", observe(lambda: [Observation(self.queue.exported)]),
             unit="{span}", description="Spans accepted by the OTLP endpoint")
@@ -150,13 +160,24 @@ class Agent:
     def summary(self) -> str:
         """One line with every self-telemetry counter."""
         stats = self.program.stats()
-        return (f"calls={self.counters.calls} exported={self.queue.exported} queued={len(self.queue)} "
+        return (f"calls={self.captured(stats)} received={self.counters.calls} exported={self.queue.exported} "
+                f"queued={len(self.queue)} "
                 f"dropped_export={self.queue.dropped} dropped_ringbuf={stats[Stat.RINGBUF_DROPS]} "
                 f"export_failures={self.queue.export_failures} incomplete={self.counters.incomplete} "
                 f"depth_overflow={stats[Stat.DEPTH_OVERFLOW]} unmatched_returns={stats[Stat.UNMATCHED_RETURN]} "
                 f"probes={self.program.probe_count} files={len(self.attacher.files)} "
                 f"traces={self.shaper.counters.traces} split={self.shaper.counters.split} "
-                f"sampled_out={self.shaper.counters.sampled_out} held={self.shaper.counters.held}")
+                f"sampled_out={self.sampled_out(stats)} held={self.shaper.counters.held}")
+
+    def captured(self, stats: dict[Stat, int] | None = None) -> int:
+        """Calls the probes saw: received as records, or counted in the kernel and not sent."""
+        stats = stats if stats is not None else self.program.stats()
+        return self.counters.calls + stats[Stat.SAMPLED_OUT]
+
+    def sampled_out(self, stats: dict[Stat, int] | None = None) -> int:
+        """Calls not exported as spans by sampling: in the kernel, or by the shaper."""
+        stats = stats if stats is not None else self.program.stats()
+        return stats[Stat.SAMPLED_OUT] + self.shaper.counters.sampled_out
 
     def _is_target(self, pid: int) -> bool:
         """Per-process host metrics (GPU memory, retransmits) follow the traced processes."""
@@ -192,9 +213,21 @@ class Agent:
         self._resource_for(ev.pid)
         span = self.builder.build_record(py if py is not None else ev, string)
         if self.call_stats is not None:
-            self.call_stats.record(span)
+            self._learn(ev, span, py is not None)
         self.shaper.add(span, call_id=ev.call_id, parent_id=ev.parent_id, pid=ev.pid, tid=ev.tid,
-                        now=time.monotonic())
+                        now=time.monotonic(), sampled=bool(ev.flags & CallFlags.SAMPLED))
+
+    def _learn(self, ev: CallEvent, span: ReadableSpan, python: bool) -> None:
+        """What the statistics need from call records: Python names, communicator sizes, and
+        the calls a dead thread left open (the kernel never saw them end)."""
+        assert self.call_stats is not None
+        a = span.attributes or {}
+        if python:
+            self.call_stats.learn_python(ev.pid, list(ev.args), str(a.get("code.function.name", span.name)))
+        elif "nccl.nranks" in a and ev.flags & CallFlags.OUT and ev.ret == 0:
+            self.call_stats.learn_communicator(ev.pid, ev.out_value, int(a["nccl.nranks"]))  # type: ignore[arg-type]
+        if ev.flags & CallFlags.INCOMPLETE:
+            self.call_stats.incomplete(ev.pid, None if python else self.rows.get(ev.probe_id), span.name)
 
     def _on_thread_exit(self, rec: ThreadExitEvent) -> None:
         for ev in self.program.pop_frames(rec.pid, rec.tid, rec.depth):
@@ -250,10 +283,22 @@ class Agent:
         for pid in [p for p in self._resources if not os.path.exists(f"/proc/{p}")]:
             del self._resources[pid]
             self.kernel_names.forget(pid)
-            if self.call_stats is not None:
-                self.call_stats.forget(pid)
+            if self.call_stats is not None:  # after its last counts were exported
+                self._stats_forget.append((time.monotonic() + 2 * self.cfg.metrics_interval_s, pid))
 
     # --- lifecycle ------------------------------------------------------------------------
+    def _read_call_stats(self, now: float) -> None:
+        """Fold the kernel's call statistics into the metric snapshot (half a metric interval
+        old at most), and free the entries of processes gone for two intervals."""
+        assert self.call_stats is not None
+        gone = {pid for t, pid in self._stats_forget if t <= now}
+        self.call_stats.update(self.program.call_stats())
+        if gone:
+            self._stats_forget = [(t, pid) for t, pid in self._stats_forget if pid not in gone]
+            for pid in gone:
+                self.call_stats.forget(pid)
+            self.program.forget_stats(gone)
+
     def _launch(self) -> None:
         # The child waits on a pipe until its pid is a target, so its very first call is traced.
         r, w = os.pipe()
@@ -294,7 +339,7 @@ class Agent:
                  "targets " + (",".join(map(str, self.cfg.pids)) or self.cfg.cgroup or "command") if self.filtering else "all processes")
         if self.command:
             self._launch()
-        next_scan = next_log = time.monotonic()
+        next_scan = next_log = next_stats = time.monotonic()
         while not self._stop:
             self.program.poll(100)
             now = time.monotonic()
@@ -307,6 +352,9 @@ class Agent:
                 next_scan = now + self.cfg.scan_interval_s
                 self._scan(self._candidate_pids())
                 self._prune()
+            if self.call_stats is not None and now >= next_stats:
+                next_stats = now + self.cfg.metrics_interval_s / 2
+                self._read_call_stats(now)
             if self.cfg.stats_log_interval_s and now >= next_log:
                 next_log = now + self.cfg.stats_log_interval_s
                 log.info("stats: %s", self.summary())
@@ -319,6 +367,8 @@ class Agent:
         for _ in range(3):
             self.program.poll(50)
         self.shaper.flush()
+        if self.call_stats is not None:
+            self.call_stats.update(self.program.call_stats())
         self.queue.close(timeout_s=max(30.0, self.cfg.export_timeout_s * 2))
         self._meters.shutdown()  # a last collection reads the host sources, so they close after it
         self.host_metrics.close()

@@ -32,6 +32,36 @@ class SymbolMissing(BpfError):
 
 
 @dataclasses.dataclass(frozen=True)
+class Sampling:
+    """Run-time knobs of calls.bpf.c: which calls become spans (struct sample_conf)."""
+
+    ratio: float = 1.0          # share of time slices whose calls are sent as spans
+    slow_s: float = 0.1         # calls at least this long are always sent
+    slice_s: float = 1.0        # one thread's time slice: the unit of sampling
+    resample_s: float = 10.0    # calls entered this long after their parent are decided afresh
+    salt: int = 0
+    statistics: bool = True     # aggregate call statistics in the kernel
+
+
+@dataclasses.dataclass(frozen=True)
+class CallStat:
+    """One call_stats entry: the calls of one process, probe, outcome and key (kernel, communicator)."""
+
+    pid: int
+    probe_id: int
+    status: int
+    key: int
+    count: int
+    timed: int
+    sum_ns: int
+    bytes: int
+    bw_sum: int
+    bw_count: int
+    dur: tuple[int, ...]
+    bw: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
 class ProgramOptions:
     """Compile-time knobs of calls.bpf.c (see its header comment)."""
 
@@ -101,16 +131,45 @@ class CallProgram:
         """Write a probe row's settings into probe_conf[slot]."""
         table = self._bpf["probe_conf"]
         table[ctypes.c_int(slot)] = table.Leaf(has_return=int(spec.has_return), exit_probes=int(spec.exit_probes),
+                                                    returns_status=int(spec.returns_status),
+                                                    always_send=int(spec.always_send),
                                                     deref_arg=spec.deref_arg, out_arg=spec.out_arg,
-                                                    str_arg=spec.str_arg)
+                                                    str_arg=spec.str_arg, key_arg=spec.key_arg,
+                                                    count_arg=spec.count_arg, dtype_arg=spec.dtype_arg)
 
     def configure_python(self, usdt_regs: tuple[int, int, int]) -> None:
         """Where py_entry/py_return find function__entry's arguments (pt_regs byte offsets)."""
         table = self._bpf["py_conf"]
-        leaf = table.Leaf(has_return=1, deref_arg=-1, out_arg=-1, str_arg=-1)
+        leaf = table.Leaf(has_return=1, deref_arg=-1, out_arg=-1, str_arg=-1, key_arg=-1, count_arg=-1, dtype_arg=-1)
         for i, off in enumerate(usdt_regs):
             leaf.usdt_reg[i] = off
         table[ctypes.c_int(0)] = leaf
+
+    def set_sampling(self, sampling: Sampling) -> None:
+        """Which calls the kernel sends as spans, and whether it keeps call statistics."""
+        table = self._bpf["sample_conf"]
+        table[ctypes.c_int(0)] = table.Leaf(
+            ratio=round(sampling.ratio * 65536), stats_on=int(sampling.statistics),
+            slow_ns=int(sampling.slow_s * 1e9), slice_ns=int(sampling.slice_s * 1e9),
+            resample_ns=int(sampling.resample_s * 1e9), salt=sampling.salt & (2**64 - 1))
+
+    def call_stats(self) -> list[CallStat]:
+        """Every call statistics entry (cumulative since the entry was made)."""
+        out = []
+        for k, v in self._bpf["call_stats"].items():
+            out.append(CallStat(pid=k.pid, probe_id=k.probe_id, status=k.status, key=k.key, count=v.count,
+                                timed=v.timed, sum_ns=v.sum_ns, bytes=v.bytes, bw_sum=v.bw_sum,
+                                bw_count=v.bw_count, dur=tuple(v.dur), bw=tuple(v.bw)))
+        return out
+
+    def forget_stats(self, pids: set[int]) -> None:
+        """Delete the statistics entries of exited processes (after their last export)."""
+        table = self._bpf["call_stats"]
+        for k in [k for k in table.keys() if k.pid in pids]:
+            try:
+                del table[k]
+            except KeyError:
+                pass
 
     def set_python_rules(self, rules: list[PyRule], names: dict[int, int]) -> None:
         """Replace the Python filter rules (first match wins; unused slots end the list) and the

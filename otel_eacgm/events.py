@@ -18,6 +18,11 @@ FUNC_BYTES = 96
 PY_RULES = 16
 PY_NAMES = 64
 PY_PROBE_ID = 65535
+DUR_BUCKETS = 32
+DUR_SHIFT = 9
+BW_BUCKETS = 32
+BW_SHIFT = 19
+STATUS_UNWOUND = -2**31
 
 
 class EventType(enum.IntEnum):
@@ -38,6 +43,8 @@ class CallFlags(enum.IntFlag):
     DEREF = 4
     OUT = 8
     UNWOUND = 16
+    SAMPLED = 32
+    KEEP = 64
 
 
 class Stat(enum.IntEnum):
@@ -48,6 +55,8 @@ class Stat(enum.IntEnum):
     UNMATCHED_RETURN = 2
     MISMATCHED_RETURN = 3
     INFLIGHT_FULL = 4
+    SAMPLED_OUT = 5
+    STATS_FULL = 6
 
 
 class CallEvent(ctypes.Structure):
@@ -117,11 +126,16 @@ class ProbeConf(ctypes.Structure):
     _fields_ = [
         ("has_return", ctypes.c_uint8),
         ("exit_probes", ctypes.c_uint8),
-        ("pad0", ctypes.c_uint8 * 2),
+        ("returns_status", ctypes.c_uint8),
+        ("always_send", ctypes.c_uint8),
         ("deref_arg", ctypes.c_int32),
         ("out_arg", ctypes.c_int32),
         ("str_arg", ctypes.c_int32),
         ("usdt_reg", ctypes.c_int32 * 3),
+        ("key_arg", ctypes.c_int32),
+        ("count_arg", ctypes.c_int32),
+        ("dtype_arg", ctypes.c_int32),
+        ("pad1", ctypes.c_uint32),
     ]
 
 

@@ -11,10 +11,12 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import MetricExporter, PeriodicExportingMetricReader
+from opentelemetry.sdk.metrics.export import (Metric, MetricExporter, MetricExportResult, MetricsData,
+                                              PeriodicExportingMetricReader, ResourceMetrics, ScopeMetrics)
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
@@ -50,6 +52,47 @@ def metric_exporter(protocol: str, endpoint: str | None, insecure: bool | None, 
         url = f"{endpoint.rstrip('/')}/v1/metrics" if endpoint else None
         return HttpExporter(endpoint=url, timeout=timeout_s)
     raise ValueError(f"exporter protocol {protocol!r} is not one of {PROTOCOLS}")
+
+
+class ProducingMetricExporter(MetricExporter):
+    """Adds metrics made outside the SDK's instruments to every export.
+
+    The call statistics arrive from the kernel already aggregated (cumulative histograms), which
+    no OpenTelemetry instrument can take; they are appended here, under their own scope and the
+    agent's resource, so they leave with the other metrics at the same interval.
+    """
+
+    def __init__(self, inner: MetricExporter, produce: Callable[[], list[Metric]], resource: Resource,
+                 scope: InstrumentationScope) -> None:
+        super().__init__(preferred_temporality=inner._preferred_temporality,  # noqa: SLF001 - pass-through
+                         preferred_aggregation=inner._preferred_aggregation)  # noqa: SLF001
+        self._inner = inner
+        self._produce = produce
+        self._resource = resource
+        self._scope = scope
+
+    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: object) -> MetricExportResult:
+        """Export the SDK's batch plus the produced metrics."""
+        extra = self._produce()
+        if extra:
+            mine = ScopeMetrics(self._scope, extra, schema_url="")
+            resources = list(metrics_data.resource_metrics)
+            for i, rm in enumerate(resources):
+                if rm.resource == self._resource:
+                    resources[i] = ResourceMetrics(rm.resource, [*rm.scope_metrics, mine], rm.schema_url)
+                    break
+            else:
+                resources.append(ResourceMetrics(self._resource, [mine], schema_url=""))
+            metrics_data = MetricsData(resources)
+        return self._inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        """Flush the wrapped exporter."""
+        return self._inner.force_flush(timeout_millis)
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: object) -> None:
+        """Shut the wrapped exporter down."""
+        self._inner.shutdown(timeout_millis=timeout_millis, **kwargs)
 
 
 def meter_provider(exporter: MetricExporter, interval_s: float, resource: Resource) -> MeterProvider:

@@ -12,10 +12,11 @@ arrived. The shaper holds each open call's completed subtrees until the call its
 * outermost calls with nothing under them (a CUDA call made straight from a C loop) share one
   trace per thread and time slice (``slice_s``; 0: each its own trace).
 
-Sampling is decided per emitted trace: a trace is kept with probability ``sample_ratio``
-(deterministic in its trace id); from a trace not kept, the spans that are slow
-(>= ``slow_s``) or failed are still exported, with their ancestors in the trace so that they
-are not orphans. Every call still feeds the call statistics, which are computed before this.
+Sampling is decided in the kernel (bpf/calls.bpf.c ``in_sample``), which sends a call only
+when it is in the sample, slow, failed or an ancestor of a sent call, and marks the sampled
+ones. Here a trace whose root is marked is exported whole; from any other trace only the spans
+that are slow (>= ``slow_s``) or failed are exported, with their ancestors in the trace so that
+they are not orphans. Every call still feeds the call statistics, counted in the kernel.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class _Node:
     parent_id: int
     pid: int
     tid: int
+    sampled: bool
 
 
 @dataclasses.dataclass
@@ -63,26 +65,24 @@ class TraceShaper:
     """Groups spans into traces and samples them; `sink` receives the spans to export."""
 
     def __init__(self, sink: Callable[[ReadableSpan], None], ids: SpanIds, *, max_spans: int = 1000,
-                 max_delay_s: float = 10.0, slice_s: float = 1.0, sample_ratio: float = 1.0,
-                 slow_s: float = 0.1) -> None:
+                 max_delay_s: float = 10.0, slice_s: float = 1.0, slow_s: float = 0.1) -> None:
         if max_spans < 1:
             raise ValueError(f"trace max_spans {max_spans} must be >= 1")
-        if not 0.0 <= sample_ratio <= 1.0:
-            raise ValueError(f"sample_ratio {sample_ratio} must be in [0, 1]")
         self._sink = sink
         self._ids = ids
         self.max_spans = max_spans
         self.max_delay_s = max_delay_s
         self.slice_s = slice_s
-        self.sample_ratio = sample_ratio
         self.slow_ns = int(slow_s * 1e9)
         self._held: dict[int, _Held] = {}
         self.counters = ShapingCounters()
 
     # --- input ----------------------------------------------------------------------------
-    def add(self, span: ReadableSpan, *, call_id: int, parent_id: int, pid: int, tid: int, now: float) -> None:
-        """One completed call (children always come before their parent)."""
-        node = _Node(span, call_id, parent_id, pid, tid)
+    def add(self, span: ReadableSpan, *, call_id: int, parent_id: int, pid: int, tid: int, now: float,
+            sampled: bool = True) -> None:
+        """One completed call (children always come before their parent); `sampled`: the kernel
+        put it in the span sample."""
+        node = _Node(span, call_id, parent_id, pid, tid, sampled)
         held = self._held.pop(call_id, None)
         subtree = [node]
         if held is not None:
@@ -136,15 +136,10 @@ class TraceShaper:
         held.children = []
         held.count = 0
 
-    def _keep(self, trace_id: int) -> bool:
-        if self.sample_ratio >= 1.0:
-            return True
-        return (trace_id & 0xFFFFFFFFFFFF) < self.sample_ratio * 0x1000000000000
-
     def _emit(self, nodes: list[_Node], trace_id: int, *, cut: bool) -> None:
         root = nodes[0]
         keep = None
-        if not self._keep(trace_id):
+        if not root.sampled:
             keep = self._interesting(nodes)
             self.counters.sampled_out += len(nodes) - len(keep)
             if not keep:

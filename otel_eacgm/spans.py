@@ -34,6 +34,12 @@ _ERRORS: dict[Family, tuple[dict[int, str], str]] = {
 }
 
 
+def error_type(spec: ProbeSpec, code: int) -> str:
+    """`error.type` of a call of `spec` that returned the nonzero status `code`."""
+    table, prefix = _ERRORS[spec.family]
+    return error_name(table, _signed32(code), prefix)
+
+
 def _mix64(x: int) -> int:
     """splitmix64 finalizer: a bijection, so distinct call ids give distinct span ids."""
     x = (x + 0x9E3779B97F4A7C15) & _MASK64
@@ -118,8 +124,7 @@ class SpanBuilder:
             code = _signed32(ev.ret)
             attrs["eacgm.call.return_code"] = code
             if code != 0:
-                table, prefix = _ERRORS[spec.family]
-                name = error_name(table, code, prefix)
+                name = error_type(spec, code)
                 attrs["error.type"] = name
                 status = Status(StatusCode.ERROR, f"{spec.symbol} returned {name} ({code})")
         return self._span(spec.symbol, ev, attrs, status)

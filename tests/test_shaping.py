@@ -23,8 +23,10 @@ def shaper(**kw: object) -> tuple[TraceShaper, list[ReadableSpan], SpanIds]:
     return TraceShaper(out.append, ids, **kw), out, ids  # type: ignore[arg-type]
 
 
-def add(s: TraceShaper, call_id: int, parent_id: int, start: float, end: float, now: float = 0.0, **kw: object) -> None:
-    s.add(span(call_id, start, end, **kw), call_id=call_id, parent_id=parent_id, pid=1, tid=1, now=now)  # type: ignore[arg-type]
+def add(s: TraceShaper, call_id: int, parent_id: int, start: float, end: float, now: float = 0.0, *,
+        sampled: bool = True, **kw: object) -> None:
+    s.add(span(call_id, start, end, **kw), call_id=call_id, parent_id=parent_id, pid=1, tid=1, now=now,  # type: ignore[arg-type]
+          sampled=sampled)
 
 
 def test_an_outermost_call_and_everything_under_it_is_one_trace() -> None:
@@ -74,23 +76,24 @@ def test_leaf_outermost_calls_share_a_trace_per_slice() -> None:
     assert traces[4] == ids.slice_trace_id(1, 1, 2)
 
 
-def test_sampling_keeps_slow_and_failed_spans_with_their_ancestors() -> None:
-    s, out, _ = shaper(sample_ratio=0.0, slow_s=0.010)
-    add(s, 3, 2, 1, 2, failed=True)   # failed leaf under c2
-    add(s, 2, 1, 0.5, 3)
-    add(s, 4, 1, 3, 4)                # fast, fine: dropped
-    add(s, 5, 1, 4, 20)               # slow: kept
-    add(s, 1, 0, 0, 21)
+def test_unsampled_traces_keep_only_slow_and_failed_spans_with_their_ancestors() -> None:
+    s, out, _ = shaper(slow_s=0.010)
+    add(s, 3, 2, 1, 2, failed=True, sampled=False)   # failed leaf under c2
+    add(s, 2, 1, 0.5, 3, sampled=False)
+    add(s, 4, 1, 3, 4, sampled=False)                # fast, fine (sent for its decoder): dropped
+    add(s, 5, 1, 4, 20, sampled=False)               # slow: kept
+    add(s, 1, 0, 0, 21, sampled=False)
     assert sorted(o.name for o in out) == ["c1", "c2", "c3", "c5"]
     assert s.counters.sampled_out == 1
 
 
-def test_full_sampling_keeps_everything_and_zero_drops_quiet_traces() -> None:
-    s, out, _ = shaper(sample_ratio=1.0)
+def test_a_sampled_root_keeps_its_trace_whole_and_an_unsampled_quiet_trace_is_dropped() -> None:
+    s, out, _ = shaper()
+    add(s, 2, 1, 0, 1, sampled=True)
     add(s, 1, 0, 0, 1)
-    assert len(out) == 1
-    s, out, _ = shaper(sample_ratio=0.0, slice_s=0)
-    add(s, 1, 0, 0, 1)
+    assert len(out) == 2
+    s, out, _ = shaper(slice_s=0)
+    add(s, 1, 0, 0, 1, sampled=False)
     assert out == [] and s.counters.sampled_out == 1
 
 

@@ -62,6 +62,20 @@ class ProbeSpec:
     exit_probes: bool = False    # returns probed at return instructions, not by uretprobe (torch_ops.with_exits)
     returns_status: bool = True  # the return value is a status code (CUDA/NCCL), not data
     attributes: tuple[tuple[str, str], ...] = ()  # constant span attributes (torch.op.*)
+    # In-kernel call statistics (bpf/calls.bpf.c `account`): one series per value of key_arg
+    # (the launched kernel, the NCCL communicator), and bytes = args[count_arg] x datatype size.
+    key_arg: int = -1
+    count_arg: int = -1
+    dtype_arg: int = -1
+
+    @property
+    def always_send(self) -> bool:
+        """Every call reaches the agent, sampled or not: its decoder keeps state that later spans
+        need (kernel names of handles, allocation sizes, communicator sizes)."""
+        return self.role is Role.NAME_RECORD or self.decoder in _STATEFUL_DECODERS
+
+
+_STATEFUL_DECODERS = frozenset({"malloc", "malloc_async", "free", "free_async", "nccl_comm_init"})
 
 
 def _rt(symbol: str, decoder: str, **kw: object) -> ProbeSpec:
@@ -78,8 +92,8 @@ def _nccl(symbol: str, decoder: str, **kw: object) -> ProbeSpec:
 
 CATALOG: tuple[ProbeSpec, ...] = (
     # CUDA runtime (libcudart)
-    _rt("cudaLaunchKernel", "rt_launch", has_return=False, role=Role.LAUNCH),
-    _rt("cudaLaunchKernelExC", "rt_launch_ex", has_return=False, role=Role.LAUNCH, deref_arg=0),
+    _rt("cudaLaunchKernel", "rt_launch", has_return=False, role=Role.LAUNCH, key_arg=0),
+    _rt("cudaLaunchKernelExC", "rt_launch_ex", has_return=False, role=Role.LAUNCH, deref_arg=0, key_arg=1),
     _rt("cudaGraphLaunch", "graph_launch"),
     _rt("cudaMalloc", "malloc", out_arg=0),
     _rt("cudaMallocAsync", "malloc_async", out_arg=0),
@@ -95,8 +109,8 @@ CATALOG: tuple[ProbeSpec, ...] = (
     _rt("cudaStreamWaitEvent", "stream_wait_event"),
     _rt("cudaSetDevice", "set_device"),
     # CUDA driver (libcuda)
-    _drv("cuLaunchKernel", "drv_launch", has_return=False, role=Role.LAUNCH),
-    _drv("cuLaunchKernelEx", "drv_launch_ex", has_return=False, role=Role.LAUNCH, deref_arg=0),
+    _drv("cuLaunchKernel", "drv_launch", has_return=False, role=Role.LAUNCH, key_arg=0),
+    _drv("cuLaunchKernelEx", "drv_launch_ex", has_return=False, role=Role.LAUNCH, deref_arg=0, key_arg=1),
     _drv("cuGraphLaunch", "graph_launch"),
     _drv("cuMemAlloc_v2", "malloc", out_arg=0),
     _drv("cuMemAllocAsync", "malloc_async", out_arg=0),
@@ -112,15 +126,16 @@ CATALOG: tuple[ProbeSpec, ...] = (
     _drv("cuLibraryGetKernel", "name_record", role=Role.NAME_RECORD, out_arg=0, str_arg=2),
     _drv("cuKernelGetFunction", "kernel_get_function", role=Role.NAME_RECORD, out_arg=0),
     # NCCL (libnccl)
-    _nccl("ncclAllReduce", "nccl_allreduce"),
-    _nccl("ncclReduce", "nccl_reduce"),
-    _nccl("ncclBroadcast", "nccl_broadcast"),
-    _nccl("ncclBcast", "nccl_bcast"),
-    _nccl("ncclAllGather", "nccl_allgather"),
-    _nccl("ncclReduceScatter", "nccl_allreduce"),
-    _nccl("ncclAlltoAll", "nccl_alltoall"),
-    _nccl("ncclSend", "nccl_p2p"),
-    _nccl("ncclRecv", "nccl_p2p"),
+    # (argument positions as in decoders.py: count, datatype, communicator)
+    _nccl("ncclAllReduce", "nccl_allreduce", count_arg=2, dtype_arg=3, key_arg=5),
+    _nccl("ncclReduce", "nccl_reduce", count_arg=2, dtype_arg=3, key_arg=6),
+    _nccl("ncclBroadcast", "nccl_broadcast", count_arg=2, dtype_arg=3, key_arg=5),
+    _nccl("ncclBcast", "nccl_bcast", count_arg=1, dtype_arg=2, key_arg=4),
+    _nccl("ncclAllGather", "nccl_allgather", count_arg=2, dtype_arg=3, key_arg=4),
+    _nccl("ncclReduceScatter", "nccl_allreduce", count_arg=2, dtype_arg=3, key_arg=5),
+    _nccl("ncclAlltoAll", "nccl_alltoall", count_arg=2, dtype_arg=3, key_arg=4),
+    _nccl("ncclSend", "nccl_p2p", count_arg=1, dtype_arg=2, key_arg=4),
+    _nccl("ncclRecv", "nccl_p2p", count_arg=1, dtype_arg=2, key_arg=4),
     _nccl("ncclGroupStart", "no_args"),
     _nccl("ncclGroupEnd", "no_args"),
     _nccl("ncclCommInitRank", "nccl_comm_init", out_arg=0),

@@ -98,3 +98,32 @@ def test_host_network_metrics_arrive_from_the_agent(metered_run) -> None:  # noq
     lo = [p for p in points if p["name"] == "system.network.io" and p["attributes"].get("network.interface.name") == "lo"]
     assert lo, sorted({p["name"] for p in points})
     assert lo[0]["resource"]["service.name"] == "otel-eacgm-agent"
+
+
+QUIET_PLAN = [["cudaLaunchKernel", 300], ["ncclGroupStart", 50], ["ncclGroupEnd", 50], ["cudaMalloc", 3]]
+
+
+def test_statistics_count_every_call_while_the_kernel_sends_only_what_sampling_keeps(pipeline) -> None:  # noqa: ANN001
+    """At sampling ratio 0 the kernel sends only failed, slow and decoder-state calls, and still
+    counts every call: the statistics are aggregated in the kernel, not from records."""
+    proc, calls = run_traced(pipeline.grpc_endpoint, QUIET_PLAN, "--launch-layer", "cuda.runtime",
+                             env={"OTEL_EACGM_METRICS_INTERVAL_S": "1", "OTEL_EACGM_SPAN_SAMPLE_RATIO": "0"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    pid = calls[0]["tid"]
+    made = collections.Counter(c["fn"] for c in calls)
+
+    def counted() -> collections.Counter:
+        out: collections.Counter = collections.Counter()
+        for key, value in latest(pipeline.store.metric_points(), "eacgm.calls", pid).items():
+            out[dict(key)["code.function.name"]] += value
+        return out
+
+    assert pipeline.store.wait_for(lambda: counted() == made, 30), (counted(), made)
+    durations = {dict(k)["code.function.name"]: v["count"]
+                 for k, v in latest(pipeline.store.metric_points(), "eacgm.call.duration", pid).items()}
+    assert durations == {"ncclGroupStart": 50, "ncclGroupEnd": 50, "cudaMalloc": 3}
+    spans = [s for s in pipeline.store.spans() if s["attributes"].get("process.pid") == pid]
+    # cudaMalloc failed (and feeds the allocation-size decoder): sent; the rest stayed in the kernel
+    assert collections.Counter(s["name"] for s in spans) == {"cudaMalloc": 3}
+    report = summary(proc.stderr)
+    assert (report["calls"], report["received"], report["sampled_out"]) == (403, 3, 400)
