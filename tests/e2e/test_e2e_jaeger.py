@@ -1,10 +1,17 @@
 """The end-to-end run's traces in the real Jaeger (v1.75.0, scripts/build-jaeger.sh): found by the
 detector's annotation through Jaeger's query API, whole trees by id, and rendered by Jaeger's
-UI in headless Chromium."""
+UI in headless Chromium.
+
+Jaeger built from the Go module proxy has its query API but no UI: the UI is a separate npm
+build (jaeger-ui) and the binary serves a placeholder page instead. Jaeger serves a UI build
+from a directory named by EACGM_JAEGER_UI_ASSETS (collector-config/jaeger-local.yaml); without
+one the UI test is skipped, saying so.
+"""
 
 from __future__ import annotations
 
 import struct
+import urllib.request
 import zlib
 from pathlib import Path
 
@@ -16,6 +23,7 @@ from jaeger_api import find_traces, get_trace, tags_of
 
 pytestmark = pytest.mark.ebpf
 SCREEN = (1600, 900)
+PLACEHOLDER = "This is not the Jaeger UI you are looking for"  # Jaeger's page when it has no UI
 
 
 def workload_spans(run: Run) -> list[dict]:
@@ -23,11 +31,11 @@ def workload_spans(run: Run) -> list[dict]:
 
 
 def flagged_trace(run: Run) -> str:
-    """The trace an anomaly event points at (its slowest affected span's)."""
+    """The trace the most anomalous window's event points at (its slowest affected span's)."""
     events = [r for r in run.store.log_records()
               if r["event_name"] == "eacgm.anomaly" and r["attributes"].get("process.pid") == str(run.pid)]
     assert events, "the detector flagged nothing"
-    return max(events, key=lambda e: len(e["attributes"]["eacgm.anomaly.trace_ids"]))["trace_id"]
+    return min(events, key=lambda e: e["attributes"]["eacgm.anomaly.score"])["trace_id"]
 
 
 def test_search_by_the_anomaly_tag_finds_the_flagged_traces(e2e_run: Run) -> None:
@@ -76,6 +84,10 @@ def png_size_and_colours(path: Path) -> tuple[int, int, int]:
 
 
 def test_jaeger_ui_renders_the_trace(e2e_run: Run) -> None:
+    with urllib.request.urlopen(f"{e2e_run.jaeger_ui}/", timeout=10) as resp:
+        if PLACEHOLDER in resp.read().decode():
+            pytest.skip("this Jaeger build has no UI (the Go module proxy serves Jaeger's Go code, not its npm-built "
+                        "UI): set EACGM_JAEGER_UI_ASSETS to a jaeger-ui build directory")
     trace_id = flagged_trace(e2e_run)
     url = f"{e2e_run.jaeger_ui}/trace/{trace_id}"
     dom = dump_dom(url)
