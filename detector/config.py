@@ -83,6 +83,8 @@ class DetectorConfig:
         for key in positive:
             if not getattr(self, key) > 0:
                 raise ValueError(f"{key}: {getattr(self, key)!r} must be > 0")
+        if self.window_s > 86400:
+            raise ValueError(f"window_s: {self.window_s!r} must be <= 86400 (a day)")
         if self.grace_s < 0:
             raise ValueError(f"grace_s: {self.grace_s!r} must be >= 0")
         if self.warmup_windows < 10:

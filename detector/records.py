@@ -2,7 +2,8 @@
 
 The service, the offline ``fit`` path and the tests all go through here, so a span or a
 metric point is interpreted one way only. Items that cannot be placed in time (no
-timestamp, end before start) are counted as rejected, as OTLP partial success expects.
+timestamp, end before start, after the year 2200) are counted as rejected, as OTLP partial
+success expects.
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
 #: An entity: the (key, value) pairs of the configured resource attributes it has.
 Entity = tuple[tuple[str, str], ...]
+
+#: Timestamps after 2200-01-01 are refused: no real telemetry has them, and near 2**63 the
+#: window bounds would overflow the int64 attributes anomalies are reported with.
+MAX_TIME_NS = 7_258_118_400 * 10**9
 
 LAYER_ATTR = "eacgm.layer"
 FUNCTION_ATTR = "code.function.name"
@@ -101,6 +106,7 @@ def spans_from_request(
         for ss in rs.scope_spans:
             for span in ss.spans:
                 if (span.start_time_unix_nano == 0 or span.end_time_unix_nano < span.start_time_unix_nano
+                        or span.end_time_unix_nano > MAX_TIME_NS
                         or len(span.trace_id) != 16 or len(span.span_id) != 8):
                     rejected += 1
                     continue
@@ -113,12 +119,20 @@ def spans_from_request(
                     layer=str(attrs.get(LAYER_ATTR, "unknown")),
                     function=str(attrs.get(FUNCTION_ATTR) or span.name or "unknown"),
                     error=span.status.code == Status.STATUS_CODE_ERROR,
-                    nccl_bytes=float(nb) if isinstance(nb, (int, float)) else None,
+                    nccl_bytes=_byte_count(nb),
                     trace_id=span.trace_id,
                     span_id=span.span_id,
                     ref=(rs.resource, rs.schema_url, ss.scope, ss.schema_url, span),
                 ))
     return out, rejected
+
+
+def _byte_count(value) -> float | None:
+    """``nccl.bytes`` as a float, or None unless it is a finite, non-negative number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) and value >= 0 else None
 
 
 def _number(dp) -> float:
@@ -163,7 +177,7 @@ def points_from_request(
         for sm in rm.scope_metrics:
             for metric in sm.metrics:
                 for p in _points(entity, metric):
-                    if p.time_ns == 0 or not math.isfinite(p.value) or not metric.name:
+                    if not 0 < p.time_ns <= MAX_TIME_NS or not math.isfinite(p.value) or not metric.name:
                         rejected += 1
                     else:
                         out.append(p)
@@ -180,7 +194,7 @@ def points_from_logs(req, keys: tuple[str, ...]) -> tuple[list[MetricPoint], int
         for sl in rl.scope_logs:
             for rec in sl.log_records:
                 t = rec.time_unix_nano or rec.observed_time_unix_nano
-                if t == 0:
+                if not 0 < t <= MAX_TIME_NS:
                     rejected += 1
                     continue
                 sev = rec.severity_text or f"N{rec.severity_number}"

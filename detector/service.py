@@ -10,8 +10,10 @@ the back-pressure. ``stop`` drains the queue, closes every open window and flush
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
+import time
 from concurrent import futures
 
 import grpc
@@ -28,6 +30,8 @@ from eacgm_detector.pipeline import Detector
 from eacgm_detector.records import points_from_logs, points_from_request, spans_from_request
 
 log = logging.getLogger(__name__)
+
+_REFUSAL_LOG_INTERVAL_S = 60.0
 
 _SERVICES = {
     # signal: (gRPC service, request, response, decode, partial-success field)
@@ -53,6 +57,8 @@ class DetectorService:
         self.exporter = exporter
         self._queue: queue.Queue = queue.Queue(maxsize=cfg.queue_size)
         self._worker = threading.Thread(target=self._run, name="eacgm-detector-score", daemon=True)
+        self._last_logged: dict[str, float] = {}
+        self._logged_count: dict[str, int] = {}
         self.auth = BearerTokenInterceptor(cfg.bearer_token) if cfg.bearer_token else None
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="eacgm-detector-rpc"),
@@ -90,20 +96,20 @@ class DetectorService:
 
         def export(raw: bytes, context: grpc.ServicerContext):
             if len(raw) > self.cfg.max_request_bytes:
-                log.warning("%s request from %s rejected: %d bytes > max_request_bytes=%d",
-                            signal, context.peer(), len(raw), self.cfg.max_request_bytes)
+                self._refused(signal, "oversize", "%s request from %s rejected: %d bytes > max_request_bytes=%d",
+                              signal, context.peer(), len(raw), self.cfg.max_request_bytes)
                 context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                               f"request of {len(raw)} bytes exceeds max_request_bytes={self.cfg.max_request_bytes}")
             try:
                 records, rejected = decode(req_cls.FromString(raw), keys)
             except (DecodeError, ValueError, UnicodeDecodeError) as exc:
-                log.warning("%s request from %s is not valid OTLP: %s", signal, context.peer(), exc)
+                self._refused(signal, "malformed", "%s request from %s is not valid OTLP: %s", signal, context.peer(), exc)
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed {signal} request: {exc}")
             if rejected and not records:
-                log.warning("%s request from %s: all %d items invalid (timestamps or ids)",
-                            signal, context.peer(), rejected)
+                self._refused(signal, "invalid", "%s request from %s: all %d items invalid (timestamps or ids)",
+                              signal, context.peer(), rejected)
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                              f"all {rejected} {signal} items invalid: need timestamps, "
+                              f"all {rejected} {signal} items invalid: need timestamps (before 2200), "
                               "end >= start, 16-byte trace and 8-byte span ids")
             try:
                 self._queue.put_nowait((signal, records))
@@ -117,6 +123,18 @@ class DetectorService:
             return resp
 
         return export
+
+    def _refused(self, signal: str, reason: str, message: str, *args: object) -> None:
+        """Count a refused request; log it at most once per reason and minute (a flood of bad
+        requests must not become a flood of log lines), saying how many were not logged."""
+        key = f"{signal}.refused_{reason}"
+        self.detector.counters[key] += 1
+        now = time.monotonic()
+        if now - self._last_logged.get(key, -math.inf) < _REFUSAL_LOG_INTERVAL_S:
+            return
+        unlogged = self.detector.counters[key] - self._logged_count.get(key, 0) - 1
+        self._last_logged[key], self._logged_count[key] = now, self.detector.counters[key]
+        log.warning(message + (f" ({unlogged} more since the last such line)" if unlogged else ""), *args)
 
     def _run(self) -> None:
         while True:

@@ -148,6 +148,12 @@ class EntityWindows:
             return False
         name = self._metric_key(p)
         stats = win.metrics.get(name)
+        if stats is not None and stats.kind != p.kind:
+            # One feature, one kind: a gauge and a counter of the same name (or sharing the
+            # ``other`` bucket) would mix levels with increments, and a delta point in a
+            # cumulative series has no time span to divide by.
+            name = f"{name}.{p.kind}"
+            stats = win.metrics.get(name)
         if stats is None:
             stats = win.metrics[name] = MetricStats(p.kind)
         if p.kind == "gauge":

@@ -58,7 +58,7 @@ class Counter(trace_service_pb2_grpc.TraceServiceServicer, metrics_service_pb2_g
                 if res.get("service.name") == "otel-eacgm-detector":
                     self.detector_spans += sum(len(ss.spans) for ss in rs.scope_spans)
                     continue
-                pid = int(res.get("process.pid", -1))
+                pid = _pid(res)
                 for ss in rs.scope_spans:
                     self.spans_by_pid[pid] += len(ss.spans)
                     if ss.spans:
@@ -71,7 +71,7 @@ class Counter(trace_service_pb2_grpc.TraceServiceServicer, metrics_service_pb2_g
                 res = attrs(rm.resource.attributes)
                 for sm in rm.scope_metrics:
                     if sm.scope.name == AGENT_SCOPE:
-                        pid = int(res.get("process.pid", -1))
+                        pid = _pid(res)
                         for m in sm.metrics:
                             for p in getattr(m, m.WhichOneof("data")).data_points:
                                 key = (pid, m.name, tuple(sorted(attrs(p.attributes).items())))
@@ -110,6 +110,13 @@ class Counter(trace_service_pb2_grpc.TraceServiceServicer, metrics_service_pb2_g
                 return True
             time.sleep(0.1)
         return predicate()
+
+
+def _pid(resource: dict) -> int:
+    """process.pid of a resource; -1 when absent or not an int (the detector's fuzz tests
+    re-export whatever they were sent)."""
+    pid = resource.get("process.pid")
+    return pid if isinstance(pid, int) and not isinstance(pid, bool) else -1
 
 
 def serve(port: int = 0) -> tuple[grpc.Server, Counter, int]:

@@ -195,16 +195,19 @@ def _wrong_wire_types(rng: random.Random) -> bytes:
     return head + body
 
 
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
 def _deep_value(depth: int) -> bytes:
-    v = AnyValue(string_value="leaf")
+    """A trace request whose resource attribute nests `depth` arrays, encoded by hand (the
+    protobuf library itself refuses to build messages deeper than its limit)."""
+    value = AnyValue(string_value="leaf").SerializeToString()
     for _ in range(depth):
-        outer = AnyValue()
-        outer.array_value.values.append(v)
-        v = outer
-    req = ExportTraceServiceRequest()
-    rs = req.resource_spans.add()
-    rs.resource.attributes.add(key="deep", value=v)
-    return req.SerializeToString()
+        value = _field(5, _field(1, value))  # AnyValue.array_value -> ArrayValue.values
+    attribute = _field(1, b"deep") + _field(2, value)  # KeyValue.key, KeyValue.value
+    return _field(1, _field(1, _field(1, attribute)))  # request.resource_spans.resource.attributes
 
 
 def case(rng: random.Random, category: str) -> tuple[str, bytes]:

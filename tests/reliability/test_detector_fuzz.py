@@ -19,6 +19,7 @@ import pytest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 import otlp_fuzz
+from detector_models import write_model
 from detector_proc import DetectorProcess
 
 SEED = 20261203
@@ -40,9 +41,11 @@ def _code(call) -> grpc.StatusCode:  # noqa: ANN001 - a grpc future
 
 @pytest.fixture
 def fuzzed_detector(counter, tmp_path):  # noqa: ANN001, ANN201
+    # A fixed model (no warm-up fits): the fuzz is about decoding, windowing, scoring and
+    # emitting hostile input, and an online fit per fuzzed entity would only slow it down.
     _, sink_port = counter
     det = DetectorProcess(tmp_path, export_endpoint=f"127.0.0.1:{sink_port}", window_s=1.0, grace_s=0.0,
-                          warmup_windows=10, refit_every=1000, max_request_bytes=MAX_REQUEST).start()
+                          max_request_bytes=MAX_REQUEST, model_path=str(write_model(tmp_path / "m.npz"))).start()
     yield det
     if det.alive():
         det.stop()
@@ -58,11 +61,20 @@ def test_ten_thousand_hostile_requests_get_clear_answers_and_scoring_survives(fu
     with grpc.insecure_channel(det.address, options=[("grpc.max_send_message_length", -1)]) as ch:
         methods = {name: ch.unary_unary(path) for name, path in otlp_fuzz.SERVICES.items()}
         pending: collections.deque = collections.deque()
+        services: dict[int, str] = {}
+        payloads: dict[int, bytes] = {}
 
         def settle(limit: int) -> None:
             while len(pending) > limit:
                 category, index, call = pending.popleft()
                 code = _code(call)
+                for attempt in range(200):  # retry back-pressure like an OTLP exporter, so each case is scored
+                    if code is not grpc.StatusCode.UNAVAILABLE:
+                        break
+                    time.sleep(min(0.005 * 2**attempt, 0.2))
+                    call = methods[services[index]].future(payloads[index], timeout=30)
+                    code = _code(call)
+                payloads.pop(index, None)
                 seen[category][code.name] += 1
                 if code not in CLEAR:
                     bad.append(f"{category} case {index} (seed {SEED}): {code.name} {call.exception().details()!r}")
@@ -71,6 +83,7 @@ def test_ten_thousand_hostile_requests_get_clear_answers_and_scoring_survives(fu
         for category, n in CASES.items():
             for _ in range(n):
                 service, payload = otlp_fuzz.case(rng, category)
+                services[index], payloads[index] = service, payload
                 pending.append((category, index, methods[service].future(payload, timeout=30)))
                 index += 1
                 settle(IN_FLIGHT)
@@ -79,10 +92,12 @@ def test_ten_thousand_hostile_requests_get_clear_answers_and_scoring_survives(fu
         for spans in (30000, 30000, 120000):
             payload = otlp_fuzz.huge_batch(spans)
             assert len(payload) > MAX_REQUEST
+            services[index], payloads[index] = "traces", payload
             pending.append(("huge_batch", index, methods["traces"].future(payload, timeout=60)))
             index += 1
         under = otlp_fuzz.huge_batch(8000)
         assert len(under) < MAX_REQUEST
+        services[index], payloads[index] = "traces", under
         pending.append(("large_batch_under_limit", index, methods["traces"].future(under, timeout=60)))
         settle(0)
         fuzz_s = time.monotonic() - started
@@ -92,9 +107,10 @@ def test_ten_thousand_hostile_requests_get_clear_answers_and_scoring_survives(fu
         assert total >= 10000
         assert not bad, "\n".join(bad[:20])
         assert seen["huge_batch"] == {"RESOURCE_EXHAUSTED": 3}
-        assert seen["large_batch_under_limit"]["OK"] + seen["large_batch_under_limit"]["UNAVAILABLE"] == 1
+        assert seen["large_batch_under_limit"] == {"OK": 1}
         assert seen["random_bytes"]["INVALID_ARGUMENT"] > 1000  # the generator does produce garbage
-        assert seen["hostile_values"]["OK"] > 100  # and accepted, windowed values, not just refusals
+        assert seen["hostile_values"]["OK"] > 1000  # and accepted, windowed values, not just refusals
+        assert sum(c["UNAVAILABLE"] for c in seen.values()) == 0  # every case was processed in the end
 
         # The scoring thread survived: a fresh entity's windows are still scored and reported.
         base = time.time_ns() // 10**9 * 10**9 - 30 * 10**9
