@@ -1,0 +1,281 @@
+"""Interleaved A/B overhead of `otel-eacgm agent` and torch.profiler on real PyTorch workloads.
+
+One long-lived workload process (benchmarks/workload.py: GPT-2-small training step GPU-bound
+and launch-bound, a loop of tiny kernels, an inference loop; each step ends with a
+world-size-1 NCCL all-reduce, gloo on CPU) runs blocks of steps on command. Each round runs
+every configuration once, in an order rotated from round to round:
+
+* ``untraced``;
+* ``agent_default``: `otel-eacgm agent --pid W --layers cuda.runtime,cuda.driver,nccl,torch,python`
+  with every other setting at its default (span sampling 0.1, NVML + network metrics on);
+* ``agent_full``: the same with ``OTEL_EACGM_SPAN_SAMPLE_RATIO=1`` (every call a span);
+* ``profiler``: the block under ``torch.profiler.profile`` (CPU + CUDA activities), in-process.
+
+An agent configuration attaches to the running workload (it logs ``ready:`` once its probes
+are in), runs one block of every workload, and is stopped; the next configuration starts only
+after the agent's background probe release has finished, so no block is measured beside
+leftover probes. Spans go to the package's OTLP store in this process; in ``agent_full`` every
+call is a span, which gives the calls, launches and layers per step of each block (by span
+start time). The agent's CPU time and RSS come from /proc between the block's start and end;
+its `done:` line gives captured calls and drops. The first ``--skip-steps`` of each block are
+not counted. Results: ``OUT/overhead_ab.json`` and ``OUT/overhead_ab.md`` (printed too).
+
+    sudo $P benchmarks/overhead_ab.py --quick --out results/overhead            # H200, ~5 min
+    sudo $P benchmarks/overhead_ab.py --out results/overhead                    # 5 rounds
+    sudo .venv/bin/python benchmarks/overhead_ab.py --quick --out /tmp/ab --device cpu --preset cpu-smoke
+
+Unknown flags go to the workload (``--device``, ``--dtype``, ``--preset``, sizes: see
+``python benchmarks/workload.py --help``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from agent_session import ALL_LAYERS, Agent, markdown_table, med, wait_gone  # noqa: E402
+from otel_eacgm.otlp_store import serve  # noqa: E402
+
+CONFIGS = ("untraced", "agent_default", "agent_full", "profiler")
+WORKLOADS = ("gpt_gpu", "gpt_launch", "tiny", "infer")
+QUICK_STEPS = {"gpt_gpu": 10, "gpt_launch": 20, "tiny": 30, "infer": 20}
+TARGETS = {"gpt_gpu": 1.005, "gpt_launch": 1.15}  # issue 7, agent at default settings
+REFERENCE = ("issue 7 reference (H200): GPU-bound step 141 ms, torch.profiler 1.011x; "
+             "launch-bound step 29 ms (~800 launches), torch.profiler 1.61x")
+LAUNCH_NAMES = ("cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernel", "cudaLaunchKernelExC")
+
+
+class Workload:
+    """The workload process and its line protocol."""
+
+    def __init__(self, python: str, extra: list[str], log: Path) -> None:
+        self._log = open(log, "wb")  # noqa: SIM115 - closed in quit()
+        self.proc = subprocess.Popen([python, str(REPO / "benchmarks/workload.py"), *extra], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self._log, text=True, bufsize=1)
+        self.info = self._read()
+
+    def _read(self) -> dict:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith("{"):
+                return json.loads(line)
+        raise RuntimeError(f"workload exited ({self.proc.wait()}); see {self._log.name}")
+
+    def block(self, workload: str, steps: int, profiler: bool = False) -> dict:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"cmd": "block", "workload": workload, "steps": steps,
+                                          "profiler": profiler}) + "\n")
+        return self._read()
+
+    def quit(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write('{"cmd": "quit"}\n')
+        self.proc.stdin.close()
+        self.proc.wait(60)
+        self._log.close()
+
+
+def span_counts(store, blocks: list[dict]) -> None:
+    """Per block (by span start in [t0, t1]): spans, launches and spans per layer; store emptied."""
+    for b in blocks:
+        b["spans"], b["launches"], b["by_layer"] = 0, 0, collections.Counter()
+    with store._lock:  # noqa: SLF001 - read once, then dropped: memory stays one attach's worth
+        requests, store.traces, store.metrics, store.logs = store.traces, [], [], []
+    for req in requests:
+        for rs in req.resource_spans:
+            for ss in rs.scope_spans:
+                for s in ss.spans:
+                    b = next((b for b in blocks if b["t0_ns"] <= s.start_time_unix_nano <= b["t1_ns"]), None)
+                    if b is None:
+                        continue
+                    layer = next((a.value.string_value for a in s.attributes if a.key == "eacgm.layer"), "?")
+                    b["spans"] += 1
+                    b["by_layer"][layer] += 1
+                    b["launches"] += s.name in LAUNCH_NAMES
+    for b in blocks:
+        b["by_layer"] = dict(b["by_layer"])
+
+
+def run_config(cfg: str, rnd: int, work: Workload, args: argparse.Namespace, endpoint: str, store) -> tuple[list, dict]:
+    """One configuration's block of every workload; with an agent, attach before and detach after."""
+    agent, attach = None, {"round": rnd, "config": cfg}
+    if cfg.startswith("agent"):
+        env = {"OTEL_EACGM_SPAN_SAMPLE_RATIO": "1"} if cfg == "agent_full" else {}
+        agent = Agent(["--pid", str(work.proc.pid), "--endpoint", endpoint, "--insecure", "--layers", args.layers],
+                      args.out / f"agent-r{rnd}-{cfg}.log", env).start(args.agent_timeout)
+        attach["ready_s"], attach["ready"] = round(agent.ready_s, 2), agent.ready_line.split(" ready: ", 1)[-1]
+        attach["cpu_at_ready_s"] = agent.usage()[0]
+    blocks = []
+    for name in args.workloads:
+        before = agent.usage() if agent else None
+        r = work.block(name, args.steps[name], profiler=cfg == "profiler")
+        after = agent.usage() if agent else None
+        used = r["times_ms"][args.skip_steps:]
+        b = {"round": rnd, "config": cfg, "workload": name, "times_ms": r["times_ms"], "steps": len(r["times_ms"]),
+             "median_ms": med(used), "throughput_steps_s": len(used) / (sum(used) / 1e3),
+             "t0_ns": r["t0_ns"], "t1_ns": r["t1_ns"], "wall_s": (r["t1_ns"] - r["t0_ns"]) / 1e9}
+        if before and after:
+            b.update(agent_cpu_s=after[0] - before[0], agent_rss_mib=after[1], agent_peak_rss_mib=after[2])
+        blocks.append(b)
+    if agent:
+        attach.update(agent.stop())
+        attach["release_wait_s"], attach["released"] = wait_gone(attach["release_pid"], args.release_timeout)
+        if not attach["released"]:
+            print(f"warning: probe release of round {rnd} {cfg} not done after {args.release_timeout:.0f} s; "
+                  "the next blocks run beside leftover probes", file=sys.stderr)
+        if cfg == "agent_full":
+            span_counts(store, blocks)
+        else:
+            span_counts(store, [])
+        d = attach["done"]
+        print(f"  round {rnd} {cfg}: ready {attach['ready_s']} s, calls={d.get('calls')} "
+              f"dropped_ringbuf={d.get('dropped_ringbuf')} dropped_export={d.get('dropped_export')}, "
+              f"stop {attach['stop_s']} s, release {attach['release_wait_s']:.1f} s", flush=True)
+    return blocks, attach
+
+
+def analyse(blocks: list[dict], attaches: list[dict], workloads: list[str], configs: list[str]) -> list[dict]:
+    """One row per workload and configuration: medians over rounds and paired ratios to untraced."""
+    by = collections.defaultdict(dict)
+    for b in blocks:
+        by[(b["workload"], b["config"])][b["round"]] = b
+    full = {w: [b for b in by[(w, "agent_full")].values() if b.get("spans")] for w in workloads}
+    rows = []
+    for w in workloads:
+        base = by[(w, "untraced")]
+        calls = med([b["spans"] / b["steps"] for b in full[w]])
+        launches = med([b["launches"] / b["steps"] for b in full[w]])
+        for cfg in configs:
+            runs = by[(w, cfg)]
+            if not runs:
+                continue
+            ratios = [runs[r]["median_ms"] / base[r]["median_ms"] for r in runs if r in base]
+            tput = [runs[r]["throughput_steps_s"] / base[r]["throughput_steps_s"] for r in runs if r in base]
+            step = med([b["median_ms"] for b in runs.values()])
+            row = {"workload": w, "config": cfg, "rounds": len(runs), "step_ms": step,
+                   "step_ms_min": min(b["median_ms"] for b in runs.values()),
+                   "step_ms_max": max(b["median_ms"] for b in runs.values()),
+                   "ratio": med(ratios), "ratio_min": min(ratios, default=None), "ratio_max": max(ratios, default=None),
+                   "throughput_ratio": med(tput), "target": TARGETS.get(w) if cfg == "agent_default" else None}
+            if cfg.startswith("agent"):
+                base_ms = med([b["median_ms"] for b in base.values()])
+                cpu = [b["agent_cpu_s"] for b in runs.values() if "agent_cpu_s" in b]
+                row.update(
+                    calls_per_step=calls, launches_per_step=launches,
+                    probe_hits_per_step_est=None if calls is None else launches + 2 * (calls - launches),
+                    added_us_per_call=None if not calls or step is None or base_ms is None
+                    else (step - base_ms) * 1e3 / calls,
+                    agent_cpu_s_per_step=med([b["agent_cpu_s"] / b["steps"] for b in runs.values() if "agent_cpu_s" in b]),
+                    agent_cpu_share=med([b["agent_cpu_s"] / b["wall_s"] for b in runs.values() if "agent_cpu_s" in b]),
+                    agent_cpu_s_total=sum(cpu),
+                    agent_rss_mib=max((b["agent_rss_mib"] for b in runs.values() if "agent_rss_mib" in b), default=None),
+                    events_per_s=med([b["spans"] / b["wall_s"] for b in full[w]]) if cfg == "agent_full" else None)
+                ats = [a for a in attaches if a["config"] == cfg]
+                row["dropped"] = sum(a["done"].get("dropped_ringbuf", 0) + a["done"].get("dropped_export", 0) for a in ats)
+            rows.append(row)
+    return rows
+
+
+def report(rows: list[dict], attaches: list[dict], info: dict, args: argparse.Namespace) -> str:
+    header = ["workload", "config", "step ms (median)", "vs untraced", "throughput vs untraced", "target",
+              "calls/step", "launches/step", "est. probe hits/step", "added us/call", "agent CPU s/step",
+              "agent CPU share", "agent RSS MiB", "spans/s (100%)", "drops"]
+    table = []
+    for r in rows:
+        ok = None if r.get("target") is None or r["ratio"] is None else \
+            f"<= {r['target']} ({'met' if r['ratio'] <= r['target'] else 'MISSED'})"
+        table.append([r["workload"], r["config"], r["step_ms"], r["ratio"], r["throughput_ratio"], ok,
+                      r.get("calls_per_step"), r.get("launches_per_step"), r.get("probe_hits_per_step_est"),
+                      r.get("added_us_per_call"), r.get("agent_cpu_s_per_step"), r.get("agent_cpu_share"),
+                      r.get("agent_rss_mib"), r.get("events_per_s"), r.get("dropped")])
+    att = [[a["round"], a["config"], a.get("ready_s"), a.get("cpu_at_ready_s"), a["done"].get("calls"),
+            a["done"].get("received"), a["done"].get("exported"), a["done"].get("dropped_ringbuf"),
+            a["done"].get("dropped_export"), a["done"].get("probes"), a["stop_s"], round(a["release_wait_s"], 1),
+            a["released"]] for a in attaches]
+    return "\n".join([
+        f"# overhead A/B: {args.rounds} interleaved rounds, device {info.get('device')} ({info.get('dtype')}), "
+        f"torch {info.get('torch')}, {info.get('params')} parameters, host {platform.node()} ({os.cpu_count()} CPUs)",
+        f"steps per block {args.steps}, first {args.skip_steps} of each block not counted; ratios are medians of "
+        "per-round (traced block median / untraced block median)",
+        f"sizes {info.get('sizes')}", "",
+        markdown_table(header, table), "", REFERENCE, "",
+        "## agent attaches (drops must be 0)", "",
+        markdown_table(["round", "config", "ready s", "CPU s to ready", "calls", "received", "exported",
+                        "dropped_ringbuf", "dropped_export", "probes", "stop s", "release wait s", "released"], att),
+    ])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 epilog="other flags are passed to benchmarks/workload.py")
+    ap.add_argument("--out", type=Path, required=True, help="directory for overhead_ab.json/.md and logs")
+    ap.add_argument("--quick", action="store_true", help="2 rounds, short blocks (~5 min on the H200)")
+    ap.add_argument("--rounds", type=int, help="default 2 with --quick, else 5")
+    ap.add_argument("--steps", help="steps per block, e.g. gpt_gpu=10,tiny=30 (default quick: "
+                                    + ",".join(f"{k}={v}" for k, v in QUICK_STEPS.items()) + "; full: twice that)")
+    ap.add_argument("--skip-steps", type=int, default=2, help="first steps of each block not counted")
+    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--workloads", default=",".join(WORKLOADS))
+    ap.add_argument("--layers", default=ALL_LAYERS, help="agent --layers (default: all layers)")
+    ap.add_argument("--python", default=sys.executable, help="interpreter of the workload")
+    ap.add_argument("--agent-timeout", type=float, default=300, help="longest wait for the agent's ready line, s")
+    ap.add_argument("--release-timeout", type=float, default=600,
+                    help="longest wait for the agent's probes to be released before the next block, s")
+    args, extra = ap.parse_known_args()
+    args.rounds = args.rounds or (2 if args.quick else 5)
+    steps = {k: v * (1 if args.quick else 2) for k, v in QUICK_STEPS.items()}
+    for item in filter(None, (args.steps or "").split(",")):
+        k, v = item.split("=")
+        steps[k] = int(v)
+    args.steps = steps
+    args.workloads = args.workloads.split(",")
+    configs = args.configs.split(",")
+    for name in configs:
+        if name not in CONFIGS:
+            raise SystemExit(f"--configs: {name!r} unknown; expected some of {CONFIGS}")
+    if "untraced" not in configs:
+        raise SystemExit("--configs must include untraced (the baseline of every ratio)")
+    args.out.mkdir(parents=True, exist_ok=True)
+    t_start = time.monotonic()
+    server, store, port = serve()
+    endpoint = f"http://127.0.0.1:{port}"
+    work = Workload(args.python, extra, args.out / "workload.log")
+    print(f"workload pid {work.proc.pid} ready on {work.info['device']} in {time.monotonic() - t_start:.0f} s; "
+          f"warm-up ms {work.info['warmup_ms']}", flush=True)
+    blocks, attaches = [], []
+    for rnd in range(args.rounds):
+        order = configs[rnd % len(configs):] + configs[:rnd % len(configs)]
+        print(f"round {rnd}: {', '.join(order)}", flush=True)
+        for cfg in order:
+            b, a = run_config(cfg, rnd, work, args, endpoint, store)
+            blocks += b
+            if cfg.startswith("agent"):
+                attaches.append(a)
+            for x in b:
+                print(f"  round {rnd} {cfg:14s} {x['workload']:10s} median {x['median_ms']:.3f} ms", flush=True)
+    work.quit()
+    server.stop(0)
+    rows = analyse(blocks, attaches, args.workloads, configs)
+    text = report(rows, attaches, work.info, args)
+    result = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}, "workload": work.info,
+              "rows": rows, "attaches": attaches, "blocks": blocks, "wall_s": round(time.monotonic() - t_start, 1),
+              "host": {"node": platform.node(), "kernel": platform.release(), "cpus": os.cpu_count()}}
+    (args.out / "overhead_ab.json").write_text(json.dumps(result, indent=1, default=str))
+    (args.out / "overhead_ab.md").write_text(text + "\n")
+    print(text)
+    print(f"\nwall time {result['wall_s']} s; wrote {args.out}/overhead_ab.json and overhead_ab.md")
+
+
+if __name__ == "__main__":
+    main()
