@@ -115,7 +115,11 @@ def report(store: Store, jaeger_ui: str | None) -> None:
         url = f"{jaeger_ui}/api/traces?service={SERVICE}&limit=1000"
         with urllib.request.urlopen(url, timeout=10) as resp:
             traces = json.load(resp)["data"]
-        print(f"Jaeger holds {len(traces)} traces of {SERVICE!r}: open {jaeger_ui}/search?service={SERVICE}")
+        print(f"Jaeger holds {len(traces)} traces of {SERVICE!r}: {url}")
+        with urllib.request.urlopen(f"{jaeger_ui}/", timeout=10) as resp:
+            has_ui = "not the Jaeger UI you are looking for" not in resp.read().decode()
+        print(f"  UI: {jaeger_ui}/search?service={SERVICE}" if has_ui else
+              "  (this Jaeger build has no UI: set EACGM_JAEGER_UI_ASSETS to a jaeger-ui build directory)")
 
 
 def main() -> int:
