@@ -34,6 +34,7 @@ from otel_eacgm.decoders import DecodeContext
 from otel_eacgm.events import (CallEvent, CallFlags, CallStrEvent, LibOpenEvent, PyCallEvent, Stat, ThreadExitEvent,
                                decode)
 from otel_eacgm.export import ProducingMetricExporter, SpanQueue, meter_provider, metric_exporter, span_exporter
+from otel_eacgm.guardrail import Guardrail
 from otel_eacgm.kernel_names import KernelNames
 from otel_eacgm.metrics.call_stats import CallStatistics
 from otel_eacgm.metrics.host import start_host_metrics
@@ -120,6 +121,11 @@ class Agent:
             exporter = ProducingMetricExporter(exporter, self.call_stats.metrics, resource,
                                                InstrumentationScope("otel_eacgm.metrics.calls", __version__))
         self._meters = meter_provider(exporter, cfg.metrics_interval_s, resource)
+        # The guardrail measures hit rates from the call statistics, so it needs them.
+        self.guardrail = Guardrail(self.program, self.rows, budget=cfg.overhead_budget,
+                                   hit_cost_s=cfg.probe_hit_cost_us * 1e-6, period_s=cfg.guardrail_period_s,
+                                   min_duty=cfg.guardrail_min_duty, now=time.monotonic()) \
+            if cfg.overhead_budget > 0 and self.call_stats is not None else None
         self._register_metrics()
         self.host_metrics = start_host_metrics(
             self._meters, gpu=cfg.gpu_metrics and metered, network=cfg.network_metrics and metered,
@@ -156,6 +162,16 @@ class Agent:
         meter.create_observable_gauge(
             "eacgm.agent.probes", observe(lambda: [Observation(self.program.probe_count)]),
             unit="{probe}", description="Uprobes and uretprobes attached")
+        if self.guardrail is not None:
+            g = self.guardrail
+            meter.create_observable_gauge(
+                "eacgm.agent.overhead.estimate", observe(lambda: [
+                    Observation(v, {"process.pid": pid}) for pid, v in g.estimates.items()]),
+                unit="1", description="Estimated probe cost of a traced process with every probe attached (share of a thread's time)")
+            meter.create_observable_gauge(
+                "eacgm.agent.probe.duty", observe(lambda: [
+                    Observation(v, {"code.function.name": name}) for name, v in g.duties().items()]),
+                unit="1", description="Share of the time a probe cycled by the overhead guardrail is attached")
 
     def summary(self) -> str:
         """One line with every self-telemetry counter."""
@@ -292,7 +308,9 @@ class Agent:
         old at most), and free the entries of processes gone for two intervals."""
         assert self.call_stats is not None
         gone = {pid for t, pid in self._stats_forget if t <= now}
-        self.call_stats.update(self.program.call_stats())
+        entries = self.program.call_stats()
+        scale = self.guardrail.observe(entries, now) if self.guardrail is not None else None
+        self.call_stats.update(entries, scale)
         if gone:
             self._stats_forget = [(t, pid) for t, pid in self._stats_forget if pid not in gone]
             for pid in gone:
@@ -344,6 +362,7 @@ class Agent:
             self.program.poll(100)
             now = time.monotonic()
             self.shaper.tick(now)
+            period_done = self.guardrail.tick(now) if self.guardrail is not None else False
             due = [pid for t, pid in self._pending_scans if t <= now]
             if due:
                 self._pending_scans = [(t, pid) for t, pid in self._pending_scans if t > now]
@@ -352,7 +371,8 @@ class Agent:
                 next_scan = now + self.cfg.scan_interval_s
                 self._scan(self._candidate_pids())
                 self._prune()
-            if self.call_stats is not None and now >= next_stats:
+            cycling = self.guardrail is not None and self.guardrail.cycling
+            if self.call_stats is not None and (period_done if cycling else now >= next_stats):
                 next_stats = now + self.cfg.metrics_interval_s / 2
                 self._read_call_stats(now)
             if self.cfg.stats_log_interval_s and now >= next_log:
@@ -368,7 +388,7 @@ class Agent:
             self.program.poll(50)
         self.shaper.flush()
         if self.call_stats is not None:
-            self.call_stats.update(self.program.call_stats())
+            self._read_call_stats(time.monotonic())
         self.queue.close(timeout_s=max(30.0, self.cfg.export_timeout_s * 2))
         self._meters.shutdown()  # a last collection reads the host sources, so they close after it
         self.host_metrics.close()

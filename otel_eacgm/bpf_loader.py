@@ -118,6 +118,7 @@ class CallProgram:
                 f"loading {src} failed: {exc}. Run `otel-eacgm doctor` (kernel headers, root, BPF)."
             ) from exc
         self._attached: list[tuple[str, str, bool]] = []
+        self._entry_only: dict[int, list[str]] = {}  # slot -> libraries with its entry-only probe
         self._attach_offset_fn = None
         try:  # the slot programs tail-call the shared entry/return code
             tails = self._bpf["tails"]
@@ -233,6 +234,32 @@ class CallProgram:
                 raise SymbolMissing(f"{spec.symbol} not in {path}") from None
             raise BpfError(f"attaching {spec.symbol} in {path} failed: {text}") from exc
         self._attached.append((path, spec.symbol, spec.has_return))
+        if not spec.has_return:
+            self._entry_only.setdefault(slot, []).append(path)
+
+    def detach_entries(self, slot: int, symbol: str) -> int:
+        """Detach an entry-only slot's probes from every library (the guardrail's off phase).
+        Entry-only: no return probe can be left waiting for a call entered before. Returns the
+        number of probes detached."""
+        n = 0
+        for path in self._entry_only.get(slot, []):
+            try:
+                self._bpf.detach_uprobe(name=path.encode(), sym=symbol.encode())
+                n += 1
+            except Exception as exc:  # BCC raises bare Exception; the probe stays attached
+                log.warning("detaching %s in %s failed: %s", symbol, path, exc)
+        return n
+
+    def reattach_entries(self, slot: int, symbol: str) -> int:
+        """Attach again what detach_entries took off."""
+        n = 0
+        for path in self._entry_only.get(slot, []):
+            try:
+                self._bpf.attach_uprobe(name=path.encode(), sym=symbol.encode(), fn_name=f"entry_{slot}".encode())
+                n += 1
+            except Exception as exc:  # BCC raises bare Exception
+                log.warning("re-attaching %s in %s failed: %s", symbol, path, exc)
+        return n
 
     @property
     def probe_count(self) -> int:

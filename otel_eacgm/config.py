@@ -128,6 +128,15 @@ class AgentConfig:
     """Interface counters (system.network.*) and InfiniBand/RoCE port counters where present."""
     tcp_retransmits: bool = True
     """TCP retransmissions per process from the tcp:tcp_retransmit_skb tracepoint."""
+    # overhead guardrail (otel_eacgm/guardrail.py)
+    overhead_budget: float = 0.05
+    """Probe time a traced process may spend, as a share of its wall time (0: no guardrail)."""
+    probe_hit_cost_us: float = 1.0
+    """Cost of one uprobe hit on this machine (benchmarks/probe_overhead.py measures it)."""
+    guardrail_period_s: float = 10.0
+    """Duty-cycle period of probes the guardrail throttles."""
+    guardrail_min_duty: float = 0.05
+    """A throttled probe stays attached at least this share of each period."""
     stats_log_interval_s: float = 30.0
     """Interval of the agent's summary log line (0: only at exit)."""
     log_level: str = "info"
@@ -163,6 +172,13 @@ class AgentConfig:
             raise ConfigError(f"span_slow_s {self.span_slow_s} must be >= 0")
         if not self.otlp and not self.perfetto:
             raise ConfigError("otlp is off and no perfetto file is set: spans would go nowhere")
+        if not 0.0 <= self.overhead_budget < 1.0:
+            raise ConfigError(f"overhead_budget {self.overhead_budget} must be in [0, 1)")
+        if self.probe_hit_cost_us <= 0 or self.guardrail_period_s <= 0:
+            raise ConfigError(f"probe_hit_cost_us {self.probe_hit_cost_us} and guardrail_period_s "
+                              f"{self.guardrail_period_s} must be > 0")
+        if not 0.0 < self.guardrail_min_duty <= 1.0:
+            raise ConfigError(f"guardrail_min_duty {self.guardrail_min_duty} must be in (0, 1]")
         if self.max_kernel_names < 0:
             raise ConfigError(f"max_kernel_names {self.max_kernel_names} must be >= 0")
         if self.queue_size < self.batch_size or self.batch_size <= 0:

@@ -118,15 +118,17 @@ class CallStatistics:
         self._series(self._errors, labels + (("error.type", "eacgm.thread_exited"),)).count += 1
 
     # --- folding the kernel's entries -----------------------------------------------------
-    def update(self, entries: Sequence[CallStat]) -> None:
-        """Add what each entry gained since the last update, then rebuild the snapshot."""
+    def update(self, entries: Sequence[CallStat], scale: Mapping[int, float] | None = None) -> None:
+        """Add what each entry gained since the last update, then rebuild the snapshot.
+        `scale`: per probe, the factor extrapolating this window's gains (the guardrail's
+        duty-cycled probes counted only while attached)."""
         for e in entries:
             ident = (e.pid, e.probe_id, e.status, e.key)
             before = self._last.get(ident)
             self._last[ident] = e
             if before is not None and before.count == e.count:
                 continue
-            self._fold(e, before)
+            self._fold(e, before, (scale or {}).get(e.probe_id, 1.0))
         self._rebuild()
 
     def forget(self, pid: int) -> None:
@@ -147,7 +149,7 @@ class CallStatistics:
         with self._lock:
             return list(self._snapshot)
 
-    def _fold(self, e: CallStat, before: CallStat | None) -> None:
+    def _fold(self, e: CallStat, before: CallStat | None, factor: float) -> None:
         spec = self._rows.get(e.probe_id)
         if e.probe_id == PY_PROBE_ID:
             name = self._python.get((e.pid, e.key), UNKNOWN)
@@ -159,6 +161,8 @@ class CallStatistics:
         if spec is not None and spec.role is Role.LAUNCH:
             labels += (("cuda.kernel.name", self._kernel_label(e.pid, spec, e.key)),)
         d = _delta(e, before)
+        if factor != 1.0:
+            d = _scaled(d, factor)
         _add(self._series(self._calls, labels), d)
         if e.status:
             error = "eacgm.exception" if e.status == STATUS_UNWOUND or spec is None else self._error_type(spec, e.status)
@@ -233,6 +237,13 @@ def _delta(e: CallStat, before: CallStat | None) -> CallStat:
                     e.sum_ns - before.sum_ns, e.bytes - before.bytes, e.bw_sum - before.bw_sum,
                     e.bw_count - before.bw_count, tuple(a - b for a, b in zip(e.dur, before.dur)),
                     tuple(a - b for a, b in zip(e.bw, before.bw)))
+
+
+def _scaled(d: CallStat, f: float) -> CallStat:
+    """Gains extrapolated by `f` (integers rounded)."""
+    return CallStat(d.pid, d.probe_id, d.status, d.key, round(d.count * f), round(d.timed * f), round(d.sum_ns * f),
+                    round(d.bytes * f), round(d.bw_sum * f), round(d.bw_count * f),
+                    tuple(round(x * f) for x in d.dur), tuple(round(x * f) for x in d.bw))
 
 
 def _add(t: _Totals, d: CallStat) -> None:

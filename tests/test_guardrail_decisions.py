@@ -1,0 +1,80 @@
+"""The guardrail's arithmetic on hand-made statistics (the eBPF test runs it on real probes)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from otel_eacgm.bpf_loader import CallStat
+from otel_eacgm.events import BW_BUCKETS, DUR_BUCKETS
+from otel_eacgm.guardrail import MIN_ATTACHED_S, Guardrail
+from otel_eacgm.probes.catalog import CATALOG
+
+ROWS = dict(enumerate(CATALOG))
+SLOT = {spec.symbol: slot for slot, spec in ROWS.items()}
+
+
+class FakeProgram:
+    """Records the guardrail's detach/attach calls instead of touching the kernel."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+
+    def detach_entries(self, slot: int, _symbol: str) -> int:
+        self.calls.append(("detach", slot))
+        return 1
+
+    def reattach_entries(self, slot: int, _symbol: str) -> int:
+        self.calls.append(("attach", slot))
+        return 1
+
+
+def stat(symbol: str, count: int, pid: int = 7) -> CallStat:
+    return CallStat(pid, SLOT[symbol], 0, 0, count, 0, 0, 0, 0, 0, (0,) * DUR_BUCKETS, (0,) * BW_BUCKETS)
+
+
+def guardrail(budget: float = 0.05) -> tuple[Guardrail, FakeProgram]:
+    program = FakeProgram()
+    return Guardrail(program, ROWS, budget=budget, hit_cost_s=1e-6, period_s=10.0, min_duty=0.05, now=0.0), program  # type: ignore[arg-type]
+
+
+def test_within_budget_nothing_is_cycled() -> None:
+    g, program = guardrail()
+    g.observe([stat("cuLaunchKernel", 40_000)], 1.0)  # 40k hits/s x 1 us = 4% < 5%
+    assert g.duty == 1.0 and g.estimates == {7: pytest.approx(0.04)}
+    assert g.tick(2.0) is False and program.calls == []
+
+
+def test_over_budget_launches_get_the_duty_that_meets_it() -> None:
+    g, program = guardrail()
+    # launches 100k/s (10%) plus a synchronise with a return probe, 2 hits x 5k/s (1%, not cycled)
+    g.observe([stat("cuLaunchKernel", 100_000), stat("cuStreamSynchronize", 5_000)], 1.0)
+    assert g.duty == pytest.approx((0.05 - 0.01) / 0.10)
+    period = max(10.0, MIN_ATTACHED_S / g.duty)
+    g.tick(1.0 + 0.5 * period)  # past the attached share of the first period: detached
+    assert program.calls == [("detach", SLOT["cuLaunchKernel"])]
+    assert g.tick(1.0 + period + 0.01) is True  # a new period: attached again, statistics due
+    assert program.calls[-1] == ("attach", SLOT["cuLaunchKernel"])
+    assert g.duties() == {"cuLaunchKernel": pytest.approx(0.4)}
+
+
+def test_counts_of_a_cycled_probe_are_scaled_by_its_attached_share(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = iter([6.0, 12.0])  # detach at 6 s, re-attach at 12 s (time.monotonic inside tick)
+    monkeypatch.setattr("otel_eacgm.guardrail.time.monotonic", lambda: next(clock))
+    g, _ = guardrail()
+    g.observe([stat("cuLaunchKernel", 100_000)], 1.0)     # starts cycling (duty 0.5, period 10 s)
+    assert g.tick(6.0) is False    # past half of the first 10 s period: detached
+    assert g.tick(12.0) is True    # the next period: attached again
+    scale = g.observe([stat("cuLaunchKernel", 110_000)], 12.0)
+    # attached 1..6 s of the 11 s window
+    assert scale[SLOT["cuLaunchKernel"]] == pytest.approx(11 / 5)
+
+
+def test_probes_that_cannot_be_cycled_over_budget_are_reported_once(caplog: pytest.LogCaptureFixture) -> None:
+    g, _ = guardrail(budget=0.01)
+    with caplog.at_level(logging.WARNING):
+        g.observe([stat("cuStreamSynchronize", 10_000), stat("cuLaunchKernel", 10_000)], 1.0)
+        g.observe([stat("cuStreamSynchronize", 20_000), stat("cuLaunchKernel", 20_000)], 2.0)
+    assert g.duty == 0.05
+    assert sum("turn layers off" in r.message for r in caplog.records) == 1
