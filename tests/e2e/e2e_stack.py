@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,7 +92,7 @@ def collector_counter(port: int, metric: str, exporter: str) -> float:
     return sum(float(v) for v in re.findall(pattern, text, re.M))
 
 
-def wait_until(predicate, timeout_s: float, what: str) -> None:  # noqa: ANN001 - a callable
+def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
     """Poll predicate until it holds; fail naming what was awaited."""
     deadline = time.monotonic() + timeout_s
     while not predicate():
@@ -113,6 +113,15 @@ class Run:
     agent_counters: dict[str, int]
     detector_log: str
     log_dir: Path
+
+    def spans(self) -> list[dict]:
+        """The spans of the traced workload process, as the store received them."""
+        return [s for s in self.store.spans() if s["resource"].get("process.pid") == self.pid]
+
+    def anomaly_events(self) -> list[dict]:
+        """The detector's anomaly log records about the workload process."""
+        return [r for r in self.store.log_records()
+                if r["event_name"] == "eacgm.anomaly" and r["attributes"].get("process.pid") == str(self.pid)]
 
 
 def _agent_run(endpoint: str, env: dict[str, str]) -> subprocess.CompletedProcess:

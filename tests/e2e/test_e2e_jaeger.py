@@ -26,20 +26,15 @@ SCREEN = (1600, 900)
 PLACEHOLDER = "This is not the Jaeger UI you are looking for"  # Jaeger's page when it has no UI
 
 
-def workload_spans(run: Run) -> list[dict]:
-    return [s for s in run.store.spans() if s["resource"].get("process.pid") == run.pid]
-
-
 def flagged_trace(run: Run) -> str:
     """The trace the most anomalous window's event points at (its slowest affected span's)."""
-    events = [r for r in run.store.log_records()
-              if r["event_name"] == "eacgm.anomaly" and r["attributes"].get("process.pid") == str(run.pid)]
+    events = run.anomaly_events()
     assert events, "the detector flagged nothing"
     return min(events, key=lambda e: e["attributes"]["eacgm.anomaly.score"])["trace_id"]
 
 
 def test_search_by_the_anomaly_tag_finds_the_flagged_traces(e2e_run: Run) -> None:
-    spans = workload_spans(e2e_run)
+    spans = e2e_run.spans()
     flagged = {s["trace_id"] for s in spans if s["attributes"].get("eacgm.anomaly") is True}
     assert flagged
     start, end = min(s["start"] for s in spans), max(s["end"] for s in spans)
@@ -52,7 +47,7 @@ def test_search_by_the_anomaly_tag_finds_the_flagged_traces(e2e_run: Run) -> Non
 def test_trace_tree_by_id(e2e_run: Run) -> None:
     trace_id = flagged_trace(e2e_run)
     trace = get_trace(e2e_run.jaeger_ui, trace_id)
-    sent = {s["span_id"]: s for s in workload_spans(e2e_run) if s["trace_id"] == trace_id}
+    sent = {s["span_id"]: s for s in e2e_run.spans() if s["trace_id"] == trace_id}
     got = {s["spanID"]: s for s in trace["spans"]}
     assert set(got) == set(sent)
     roots = [s for s in got.values() if not s["references"]]

@@ -15,11 +15,7 @@ import pytest
 from e2e_stack import COMM_FAULT, SERVICE, STEPS, WINDOW_NS, Run
 
 pytestmark = pytest.mark.ebpf
-SLACK_NS = 2_000_000  # span timestamps vs the workload's own clock reads (scheduling)
-
-
-def workload_spans(run: Run) -> list[dict]:
-    return [s for s in run.store.spans() if s["resource"].get("process.pid") == run.pid]
+SLACK_NS = 2_000_000  # span durations vs the workload's own clock reads (scheduling)
 
 
 def window_of(ns: int) -> int:
@@ -35,21 +31,38 @@ def expected_calls(run: Run) -> collections.Counter:
     return calls
 
 
-def anomaly_events(run: Run) -> list[dict]:
-    return [r for r in run.store.log_records()
-            if r["event_name"] == "eacgm.anomaly" and r["attributes"].get("process.pid") == str(run.pid)]
+def step_traces(run: Run) -> list[tuple[dict, dict, list[dict]]]:
+    """(the workload's record, the root `step` span, the spans under it) per step, in order.
+
+    Paired by order, not by time: the agent's spans and the workload's time.time_ns() are two
+    clocks (monotonic converted at the agent's start, and the wall clock, which may be slewed).
+    """
+    by_trace = collections.defaultdict(list)
+    for s in run.spans():
+        by_trace[s["trace_id"]].append(s)
+    traces = []
+    for spans in by_trace.values():
+        roots = [s for s in spans if s["name"] == "step"]
+        assert len(roots) == 1, f"a trace with {len(roots)} step spans"
+        traces.append((roots[0], [s for s in spans if s is not roots[0]]))
+    traces.sort(key=lambda t: t[0]["start"])
+    records = sorted(run.steps, key=lambda r: r["start"])
+    assert len(traces) == len(records), f"{len(traces)} step traces for {len(records)} steps"
+    return [(rec, root, children) for rec, (root, children) in zip(records, traces)]
 
 
 def fault_windows(run: Run) -> set[int]:
-    """Windows that lie wholly inside the fault: from the first faulty step's start to the last one's end."""
-    faulty = [r for r in run.steps if r["comm_fault"]]
-    first, last = faulty[0]["start"], faulty[-1]["end"]
+    """Windows (in span time, as the detector cuts them) wholly inside the fault: from the first
+    faulty step's start to the last one's end."""
+    faulty = [(root, children) for rec, root, children in step_traces(run) if rec["comm_fault"]]
+    first, last = faulty[0][0]["start"], max(s["end"] for s in [faulty[-1][0], *faulty[-1][1]])
     return {w for w in range(window_of(first) + WINDOW_NS, last, WINDOW_NS) if w + WINDOW_NS <= last}
 
 
 def test_every_call_is_one_span_nothing_lost(e2e_run: Run) -> None:
-    assert len(e2e_run.steps) == STEPS and [r["step"] for r in e2e_run.steps] == list(range(1, STEPS + 1))
-    spans = workload_spans(e2e_run)
+    assert [r["step"] for r in e2e_run.steps] == list(range(1, STEPS + 1))
+    assert [r["step"] for r in e2e_run.steps if r["comm_fault"]] == list(COMM_FAULT)
+    spans = e2e_run.spans()
     expected = expected_calls(e2e_run)
     assert collections.Counter(s["name"] for s in spans) == expected
     assert len({s["span_id"] for s in spans}) == len(spans), "a span arrived twice"
@@ -61,18 +74,15 @@ def test_every_call_is_one_span_nothing_lost(e2e_run: Run) -> None:
 
 
 def test_each_step_is_one_trace_rooted_at_its_python_span(e2e_run: Run) -> None:
-    by_trace = collections.defaultdict(list)
-    for s in workload_spans(e2e_run):
-        by_trace[s["trace_id"]].append(s)
-    assert len(by_trace) == STEPS
-    records = sorted(e2e_run.steps, key=lambda r: r["start"])
-    roots = sorted(((next(s for s in spans if s["name"] == "step"), spans) for spans in by_trace.values()),
-                   key=lambda pair: pair[0]["start"])
-    for rec, (root, spans) in zip(records, roots):
+    pairs = step_traces(e2e_run)
+    assert len(pairs) == STEPS
+    for rec, root, children in pairs:
         assert root["parent_span_id"] == "" and root["attributes"]["eacgm.layer"] == "python"
-        assert rec["start"] - SLACK_NS <= root["start"] <= root["end"] <= rec["end"] + SLACK_NS
-        children = [s for s in spans if s is not root]
+        assert root["attributes"]["code.function.name"] == "cuda_steps.step"
+        assert root["end"] - root["start"] <= rec["end"] - rec["start"] + SLACK_NS, rec["step"]
         assert all(s["parent_span_id"] == root["span_id"] for s in children)
+        assert all(root["start"] <= s["start"] <= s["end"] <= root["end"] for s in children), rec["step"]
+        # the calls of this very step: fault steps' extra all-reduces pin the pairing
         assert collections.Counter(s["name"] for s in children) == collections.Counter(rec["calls"]), rec["step"]
 
 
@@ -89,13 +99,13 @@ def test_call_metrics_count_every_call(e2e_run: Run) -> None:
 
 
 def test_injected_fault_is_flagged(e2e_run: Run) -> None:
-    events = anomaly_events(e2e_run)
+    events = e2e_run.anomaly_events()
     flagged = {e["attributes"]["eacgm.anomaly.window.start"]: e for e in events}
     faulty = fault_windows(e2e_run)
     assert len(faulty) >= 3, "the fault should fill several windows"
     missed = faulty - set(flagged)
     assert not missed, f"fault windows not flagged: {sorted(missed)}; flagged: {sorted(flagged)}"
-    trace_ids = {s["trace_id"] for s in workload_spans(e2e_run)}
+    trace_ids = {s["trace_id"] for s in e2e_run.spans()}
     for w in faulty:
         e = flagged[w]
         a = e["attributes"]
@@ -113,7 +123,7 @@ def test_clean_windows_score_above_fault_windows(e2e_run: Run) -> None:
               if p["name"] == "eacgm.anomaly.score" and p["resource"].get("process.pid") == str(e2e_run.pid)]
     score = {p["time"] - WINDOW_NS: p["value"] for p in points}
     faulty = fault_windows(e2e_run)
-    fault_start = min(r["start"] for r in e2e_run.steps if r["comm_fault"])
+    fault_start = min(root["start"] for rec, root, _ in step_traces(e2e_run) if rec["comm_fault"])
     clean = [s for w, s in score.items() if w + WINDOW_NS <= fault_start]
     assert clean, "no window was scored before the fault: the warm-up outlasted the clean steps"
     # Not every clean window must pass (a threshold fitted on 16 windows is coarse), but the
@@ -124,7 +134,7 @@ def test_clean_windows_score_above_fault_windows(e2e_run: Run) -> None:
 
 def test_spans_carry_their_windows_verdict(e2e_run: Run) -> None:
     verdicts = collections.defaultdict(set)
-    for s in workload_spans(e2e_run):
+    for s in e2e_run.spans():
         a = s["attributes"]
         verdicts[window_of(s["start"])].add((a.get("eacgm.anomaly"), a.get("eacgm.anomaly.score")))
     assert all(len(v) == 1 for v in verdicts.values()), "spans of one window disagree"
@@ -134,7 +144,7 @@ def test_spans_carry_their_windows_verdict(e2e_run: Run) -> None:
     # warmup_windows (tests/fixtures/detector-e2e.yaml): the entity has spans in every window
     assert warmup == ordered[:16], "the 16 warm-up windows come first, unannotated"
     assert {w for w, (flag, _) in verdict.items() if flag} == {e["attributes"]["eacgm.anomaly.window.start"]
-                                                               for e in anomaly_events(e2e_run)}
+                                                               for e in e2e_run.anomaly_events()}
     points = {p["time"] - WINDOW_NS: p["value"] for p in e2e_run.store.metric_points()
               if p["name"] == "eacgm.anomaly.score" and p["resource"].get("process.pid") == str(e2e_run.pid)}
     assert {w: s for w, (flag, s) in verdict.items() if flag is not None} == points

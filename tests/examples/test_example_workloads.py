@@ -16,16 +16,19 @@ SMALL = ["--device", "cpu", "--dim", "32", "--layers", "1", "--seq", "16", "--ba
 
 
 def run(*args: str, timeout: float = 120) -> list[str]:
+    """`python ARGS`, which must succeed; its stdout and stderr lines."""
     proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout.splitlines() + proc.stderr.splitlines()
 
 
 def step_lines(lines: list[str], word: str = "step") -> dict[int, str]:
+    """Step (or batch) number -> its printed line."""
     return {int(m.group(1)): line for line in lines if (m := re.search(rf"\b{word} (\d+) ", line))}
 
 
 def millis(line: str) -> float:
+    """The step time a line reports."""
     return float(re.search(r" ([\d.]+) ms", line).group(1))
 
 
