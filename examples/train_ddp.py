@@ -69,6 +69,7 @@ def main() -> None:
         loss = train_step(model, opt, tokens, step=step, fault=fault)
         print(f"rank {rank}/{dist.get_world_size()} ({backend}) step {step} loss {loss:.4f} "
               f"{1000 * (time.perf_counter() - t0):.1f} ms{fault.describe(step)}\n", end="", flush=True)
+    dist.barrier()  # a rank tearing gloo down while a peer still uses it aborts the peer
     dist.destroy_process_group()
 
 
