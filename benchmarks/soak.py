@@ -65,8 +65,10 @@ def main() -> int:
     work_dir = Path(tempfile.mkdtemp(prefix="eacgm-soak-"))
     server, sink, sink_port = otlp_counter.serve()
     collector = CollectorProcess(sink_port, work_dir / "collector.log").start()
+    # Every span exported, and the overhead guardrail off (it would leave calls uncaptured on
+    # purpose): the run counts calls.
     env = {"OTEL_EACGM_METRICS_INTERVAL_S": "5", "OTEL_EACGM_SPAN_SAMPLE_RATIO": "1", "OTEL_EACGM_GPU_METRICS": "0",
-           "OTEL_EACGM_STATS_LOG_INTERVAL_S": "5"}
+           "OTEL_EACGM_STATS_LOG_INTERVAL_S": "5", "OTEL_EACGM_OVERHEAD_BUDGET": "0"}
     agent = AgentProcess(collector.grpc_endpoint, "--launch-layer", "cuda.runtime", "--layers", "cuda.runtime,nccl",
                          env=env, command=rate_command(build(work_dir), args.ticks_per_s, seconds), rss_interval_s=1.0)
     agent.wait_line(" ready: ")
