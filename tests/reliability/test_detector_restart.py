@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import grpc
-import pytest
 import yaml
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2_grpc import MetricsServiceStub

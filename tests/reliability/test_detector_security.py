@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -28,8 +29,7 @@ DEFAULT_PORT = 4319
 
 
 def _request():  # noqa: ANN202
-    import random
-
+    """Three plain spans (a valid request)."""
     return otlp_fuzz.traces(random.Random(1), spans=3)
 
 
