@@ -55,6 +55,22 @@ def wait_gone(pid: int | None, timeout_s: float) -> tuple[float, bool]:
     return time.monotonic() - t0, not os.path.exists(f"/proc/{pid}")
 
 
+def agent_processes() -> list[int]:
+    """Pids of running `otel-eacgm agent` processes (and their probe-releasing children, which
+    keep the agent's command line), other than this process."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"agent" in argv and any(a.endswith((b"otel-eacgm", b"otel_eacgm.cli")) for a in argv):
+            pids.append(int(entry.name))
+    return pids
+
+
 def parse_counters(line: str) -> dict[str, int]:
     """key=value integers of an agent `done:` / `stats:` line."""
     return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", line)}

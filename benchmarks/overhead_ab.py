@@ -21,7 +21,7 @@ its `done:` line gives captured calls and drops. The first ``--skip-steps`` of e
 not counted. Results: ``OUT/overhead_ab.json`` and ``OUT/overhead_ab.md`` (printed too).
 
     sudo $P benchmarks/overhead_ab.py --quick --out results/overhead            # H200, ~5 min
-    sudo $P benchmarks/overhead_ab.py --out results/overhead                    # 5 rounds
+    sudo $P benchmarks/overhead_ab.py --out results/overhead                    # 3 rounds, longer blocks
     sudo .venv/bin/python benchmarks/overhead_ab.py --quick --out /tmp/ab --device cpu --preset cpu-smoke
 
 Unknown flags go to the workload (``--device``, ``--dtype``, ``--preset``, sizes: see
@@ -44,7 +44,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from agent_session import ALL_LAYERS, Agent, markdown_table, med, wait_gone  # noqa: E402
+from agent_session import ALL_LAYERS, Agent, agent_processes, markdown_table, med, wait_gone  # noqa: E402
 from otel_eacgm.otlp_store import serve  # noqa: E402
 
 CONFIGS = ("untraced", "agent_default", "agent_full", "profiler")
@@ -53,6 +53,7 @@ QUICK_STEPS = {"gpt_gpu": 10, "gpt_launch": 20, "tiny": 30, "infer": 20}
 TARGETS = {"gpt_gpu": 1.005, "gpt_launch": 1.15}  # issue 7, agent at default settings
 REFERENCE = ("issue 7 reference (H200): GPU-bound step 141 ms, torch.profiler 1.011x; "
              "launch-bound step 29 ms (~800 launches), torch.profiler 1.61x")
+PENDING_RELEASES: list[int] = []  # release children still running after --release-timeout
 LAUNCH_NAMES = ("cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernel", "cudaLaunchKernelExC")
 
 
@@ -118,13 +119,15 @@ def run_config(cfg: str, rnd: int, work: Workload, args: argparse.Namespace, end
         attach["cpu_at_ready_s"] = agent.usage()[0]
     blocks = []
     for name in args.workloads:
+        leftover = [pid for pid in PENDING_RELEASES if os.path.exists(f"/proc/{pid}")]
         before = agent.usage() if agent else None
         r = work.block(name, args.steps[name], profiler=cfg == "profiler")
         after = agent.usage() if agent else None
         used = r["times_ms"][args.skip_steps:]
         b = {"round": rnd, "config": cfg, "workload": name, "times_ms": r["times_ms"], "steps": len(r["times_ms"]),
              "median_ms": med(used), "throughput_steps_s": len(used) / (sum(used) / 1e3),
-             "t0_ns": r["t0_ns"], "t1_ns": r["t1_ns"], "wall_s": (r["t1_ns"] - r["t0_ns"]) / 1e9}
+             "t0_ns": r["t0_ns"], "t1_ns": r["t1_ns"], "wall_s": (r["t1_ns"] - r["t0_ns"]) / 1e9,
+             "leftover_probes": bool(leftover)}
         if before and after:
             b.update(agent_cpu_s=after[0] - before[0], agent_rss_mib=after[1], agent_peak_rss_mib=after[2])
         blocks.append(b)
@@ -132,6 +135,7 @@ def run_config(cfg: str, rnd: int, work: Workload, args: argparse.Namespace, end
         attach.update(agent.stop())
         attach["release_wait_s"], attach["released"] = wait_gone(attach["release_pid"], args.release_timeout)
         if not attach["released"]:
+            PENDING_RELEASES.append(attach["release_pid"])
             print(f"warning: probe release of round {rnd} {cfg} not done after {args.release_timeout:.0f} s; "
                   "the next blocks run beside leftover probes", file=sys.stderr)
         if cfg == "agent_full":
@@ -187,7 +191,7 @@ def analyse(blocks: list[dict], attaches: list[dict], workloads: list[str], conf
     return rows
 
 
-def report(rows: list[dict], attaches: list[dict], info: dict, args: argparse.Namespace) -> str:
+def report(rows: list[dict], attaches: list[dict], blocks: list[dict], info: dict, args: argparse.Namespace) -> str:
     header = ["workload", "config", "step ms (median)", "vs untraced", "throughput vs untraced", "target",
               "calls/step", "launches/step", "est. probe hits/step", "added us/call", "agent CPU s/step",
               "agent CPU share", "agent RSS MiB", "spans/s (100%)", "drops"]
@@ -210,6 +214,8 @@ def report(rows: list[dict], attaches: list[dict], info: dict, args: argparse.Na
         "per-round (traced block median / untraced block median)",
         f"sizes {info.get('sizes')}", "",
         markdown_table(header, table), "", REFERENCE, "",
+        *([f"WARNING: {n} blocks ran while an earlier agent's probes were still being released (see blocks[].leftover_probes)", ""]
+          if (n := sum(b["leftover_probes"] for b in blocks)) else []),
         "## agent attaches (drops must be 0)", "",
         markdown_table(["round", "config", "ready s", "CPU s to ready", "calls", "received", "exported",
                         "dropped_ringbuf", "dropped_export", "probes", "stop s", "release wait s", "released"], att),
@@ -221,7 +227,9 @@ def main() -> None:
                                  epilog="other flags are passed to benchmarks/workload.py")
     ap.add_argument("--out", type=Path, required=True, help="directory for overhead_ab.json/.md and logs")
     ap.add_argument("--quick", action="store_true", help="2 rounds, short blocks (~5 min on the H200)")
-    ap.add_argument("--rounds", type=int, help="default 2 with --quick, else 5")
+    ap.add_argument("--rounds", type=int, help="default 2 with --quick, else 3")
+    ap.add_argument("--budget-s", type=float, help="start no round that would end after this many seconds "
+                                                   "(default 420 with --quick, else 560: a device command's 10 min)")
     ap.add_argument("--steps", help="steps per block, e.g. gpt_gpu=10,tiny=30 (default quick: "
                                     + ",".join(f"{k}={v}" for k, v in QUICK_STEPS.items()) + "; full: twice that)")
     ap.add_argument("--skip-steps", type=int, default=2, help="first steps of each block not counted")
@@ -230,10 +238,11 @@ def main() -> None:
     ap.add_argument("--layers", default=ALL_LAYERS, help="agent --layers (default: all layers)")
     ap.add_argument("--python", default=sys.executable, help="interpreter of the workload")
     ap.add_argument("--agent-timeout", type=float, default=300, help="longest wait for the agent's ready line, s")
-    ap.add_argument("--release-timeout", type=float, default=600,
+    ap.add_argument("--release-timeout", type=float, default=150,
                     help="longest wait for the agent's probes to be released before the next block, s")
     args, extra = ap.parse_known_args()
-    args.rounds = args.rounds or (2 if args.quick else 5)
+    args.rounds = args.rounds or (2 if args.quick else 3)
+    args.budget_s = args.budget_s or (420 if args.quick else 560)
     steps = {k: v * (1 if args.quick else 2) for k, v in QUICK_STEPS.items()}
     for item in filter(None, (args.steps or "").split(",")):
         k, v = item.split("=")
@@ -248,13 +257,27 @@ def main() -> None:
         raise SystemExit("--configs must include untraced (the baseline of every ratio)")
     args.out.mkdir(parents=True, exist_ok=True)
     t_start = time.monotonic()
+    others = agent_processes()
+    if others:  # e.g. the probe release of a benchmark run just before: it would slow untraced blocks
+        print(f"waiting up to {args.release_timeout:.0f} s for other agent processes to exit: {others}", flush=True)
+        for pid in others:
+            wait_gone(pid, max(0.0, args.release_timeout - (time.monotonic() - t_start)))
+        PENDING_RELEASES.extend(pid for pid in others if os.path.exists(f"/proc/{pid}"))
     server, store, port = serve()
     endpoint = f"http://127.0.0.1:{port}"
     work = Workload(args.python, extra, args.out / "workload.log")
     print(f"workload pid {work.proc.pid} ready on {work.info['device']} in {time.monotonic() - t_start:.0f} s; "
           f"warm-up ms {work.info['warmup_ms']}", flush=True)
     blocks, attaches = [], []
+    longest = 0.0
     for rnd in range(args.rounds):
+        elapsed = time.monotonic() - t_start
+        if rnd and elapsed + longest > args.budget_s:
+            print(f"stopping after {rnd} rounds: {elapsed:.0f} s spent, a round takes up to {longest:.0f} s, "
+                  f"budget {args.budget_s:.0f} s", flush=True)
+            args.rounds = rnd
+            break
+        t_round = time.monotonic()
         order = configs[rnd % len(configs):] + configs[:rnd % len(configs)]
         print(f"round {rnd}: {', '.join(order)}", flush=True)
         for cfg in order:
@@ -264,10 +287,11 @@ def main() -> None:
                 attaches.append(a)
             for x in b:
                 print(f"  round {rnd} {cfg:14s} {x['workload']:10s} median {x['median_ms']:.3f} ms", flush=True)
+        longest = max(longest, time.monotonic() - t_round)
     work.quit()
     server.stop(0)
     rows = analyse(blocks, attaches, args.workloads, configs)
-    text = report(rows, attaches, work.info, args)
+    text = report(rows, attaches, blocks, work.info, args)
     result = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}, "workload": work.info,
               "rows": rows, "attaches": attaches, "blocks": blocks, "wall_s": round(time.monotonic() - t_start, 1),
               "host": {"node": platform.node(), "kernel": platform.release(), "cpus": os.cpu_count()}}
