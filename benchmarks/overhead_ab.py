@@ -132,6 +132,7 @@ def run_config(cfg: str, rnd: int, work: Workload, args: argparse.Namespace, end
             b.update(agent_cpu_s=after[0] - before[0], agent_rss_mib=after[1], agent_peak_rss_mib=after[2])
         blocks.append(b)
     if agent:
+        attach["cpu_before_stop_s"] = (agent.usage() or (None,))[0]
         attach.update(agent.stop())
         attach["release_wait_s"], attach["released"] = wait_gone(attach["release_pid"], args.release_timeout)
         if not attach["released"]:
@@ -203,7 +204,8 @@ def report(rows: list[dict], attaches: list[dict], blocks: list[dict], info: dic
                       r.get("calls_per_step"), r.get("launches_per_step"), r.get("probe_hits_per_step_est"),
                       r.get("added_us_per_call"), r.get("agent_cpu_s_per_step"), r.get("agent_cpu_share"),
                       r.get("agent_rss_mib"), r.get("events_per_s"), r.get("dropped")])
-    att = [[a["round"], a["config"], a.get("ready_s"), a.get("cpu_at_ready_s"), a["done"].get("calls"),
+    att = [[a["round"], a["config"], a.get("ready_s"), a.get("cpu_at_ready_s"), a.get("cpu_before_stop_s"),
+            a["done"].get("calls"),
             a["done"].get("received"), a["done"].get("exported"), a["done"].get("dropped_ringbuf"),
             a["done"].get("dropped_export"), a["done"].get("probes"), a["stop_s"], round(a["release_wait_s"], 1),
             a["released"]] for a in attaches]
@@ -217,7 +219,7 @@ def report(rows: list[dict], attaches: list[dict], blocks: list[dict], info: dic
         *([f"WARNING: {n} blocks ran while an earlier agent's probes were still being released (see blocks[].leftover_probes)", ""]
           if (n := sum(b["leftover_probes"] for b in blocks)) else []),
         "## agent attaches (drops must be 0)", "",
-        markdown_table(["round", "config", "ready s", "CPU s to ready", "calls", "received", "exported",
+        markdown_table(["round", "config", "ready s", "CPU s to ready", "CPU s at stop", "calls", "received", "exported",
                         "dropped_ringbuf", "dropped_export", "probes", "stop s", "release wait s", "released"], att),
     ])
 
