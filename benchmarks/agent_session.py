@@ -133,6 +133,7 @@ class Agent:
                 "done": parse_counters(done[-1].split(" done: ", 1)[1]) if done else {},
                 "released_probes": int(release[-1][0]) if release else 0,
                 "release_pid": int(release[-1][1]) if release else None,
+                "guardrail": [ln.split("guardrail: ", 1)[1][:200] for ln in text.splitlines() if "guardrail: " in ln],
                 "errors": [ln[-300:] for ln in text.splitlines() if " ERROR " in ln or "Traceback" in ln][:5]}
 
 

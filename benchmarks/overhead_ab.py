@@ -112,7 +112,9 @@ def run_config(cfg: str, rnd: int, work: Workload, args: argparse.Namespace, end
     """One configuration's block of every workload; with an agent, attach before and detach after."""
     agent, attach = None, {"round": rnd, "config": cfg}
     if cfg.startswith("agent"):
-        env = {"OTEL_EACGM_SPAN_SAMPLE_RATIO": "1"} if cfg == "agent_full" else {}
+        env = dict(kv.split("=", 1) for kv in args.agent_env)
+        if cfg == "agent_full":
+            env["OTEL_EACGM_SPAN_SAMPLE_RATIO"] = "1"
         agent = Agent(["--pid", str(work.proc.pid), "--endpoint", endpoint, "--insecure", "--layers", args.layers],
                       args.out / f"agent-r{rnd}-{cfg}.log", env).start(args.agent_timeout)
         attach["ready_s"], attach["ready"] = round(agent.ready_s, 2), agent.ready_line.split(" ready: ", 1)[-1]
@@ -208,7 +210,7 @@ def report(rows: list[dict], attaches: list[dict], blocks: list[dict], info: dic
             a["done"].get("calls"),
             a["done"].get("received"), a["done"].get("exported"), a["done"].get("dropped_ringbuf"),
             a["done"].get("dropped_export"), a["done"].get("probes"), a["stop_s"], round(a["release_wait_s"], 1),
-            a["released"]] for a in attaches]
+            a["released"], "; ".join(a.get("guardrail", []))[:300] or "no"] for a in attaches]
     return "\n".join([
         f"# overhead A/B: {args.rounds} interleaved rounds, device {info.get('device')} ({info.get('dtype')}), "
         f"torch {info.get('torch')}, {info.get('params')} parameters, host {platform.node()} ({os.cpu_count()} CPUs)",
@@ -220,7 +222,8 @@ def report(rows: list[dict], attaches: list[dict], blocks: list[dict], info: dic
           if (n := sum(b["leftover_probes"] for b in blocks)) else []),
         "## agent attaches (drops must be 0)", "",
         markdown_table(["round", "config", "ready s", "CPU s to ready", "CPU s at stop", "calls", "received", "exported",
-                        "dropped_ringbuf", "dropped_export", "probes", "stop s", "release wait s", "released"], att),
+                        "dropped_ringbuf", "dropped_export", "probes", "stop s", "release wait s", "released",
+                        "guardrail throttled"], att),
     ])
 
 
@@ -239,6 +242,9 @@ def main() -> None:
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--layers", default=ALL_LAYERS, help="agent --layers (default: all layers)")
     ap.add_argument("--python", default=sys.executable, help="interpreter of the workload")
+    ap.add_argument("--agent-env", action="append", default=[], metavar="KEY=VALUE",
+                    help="extra setting for both agent configurations, e.g. OTEL_EACGM_OVERHEAD_BUDGET=0 "
+                         "(the overhead guardrail off; repeatable)")
     ap.add_argument("--agent-timeout", type=float, default=300, help="longest wait for the agent's ready line, s")
     ap.add_argument("--release-timeout", type=float, default=150,
                     help="longest wait for the agent's probes to be released before the next block, s")
