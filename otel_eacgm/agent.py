@@ -203,7 +203,9 @@ class Agent:
     def _resource_for(self, pid: int) -> Resource:
         res = self._resources.get(pid)
         if res is None:
-            res = self._resources[pid] = process_resource(pid, host_name=self._host)
+            res = self._resources[pid] = process_resource(
+                pid, host_name=self._host, command_line=self.cfg.resource_command_line,
+                environment=self.cfg.resource_environment)
         return res
 
     # --- ring buffer records --------------------------------------------------------------

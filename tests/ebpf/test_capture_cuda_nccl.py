@@ -139,3 +139,16 @@ def test_exit_status_of_the_command_is_the_agents(pipeline) -> None:  # noqa: AN
     proc = subprocess.run(agent_cmd(pipeline.grpc_endpoint, "--", sys.executable, "-c", "raise SystemExit(7)"),
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 7, proc.stderr[-2000:]
+
+
+def test_opt_in_resource_attributes_reach_the_spans(pipeline) -> None:  # noqa: ANN001
+    """resource_environment names the variables a user wants on the spans; argv stays off."""
+    proc, calls = run_traced(pipeline.grpc_endpoint, [["cudaSetDevice", 1]], "--launch-layer", "cuda.runtime",
+                             env={"OTEL_EACGM_RESOURCE_ENVIRONMENT": "EACGM_JOB_ID", "EACGM_JOB_ID": "job-7",
+                                  "EACGM_OTHER": "not-asked-for"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    pid = calls[0]["tid"]
+    assert pipeline.store.wait_for(lambda: [s for s in pipeline.store.spans() if s["attributes"].get("process.pid") == pid], 30)
+    span, = [s for s in pipeline.store.spans() if s["attributes"].get("process.pid") == pid]
+    assert span["resource"]["process.environment_variable.EACGM_JOB_ID"] == "job-7"
+    assert not any(k.endswith("EACGM_OTHER") or k == "process.command_args" for k in span["resource"])
