@@ -11,6 +11,7 @@ one the UI test is skipped, saying so.
 from __future__ import annotations
 
 import struct
+import time
 import urllib.request
 import zlib
 from pathlib import Path
@@ -38,10 +39,16 @@ def test_search_by_the_anomaly_tag_finds_the_flagged_traces(e2e_run: Run) -> Non
     flagged = {s["trace_id"] for s in spans if s["attributes"].get("eacgm.anomaly") is True}
     assert flagged
     start, end = min(s["start"] for s in spans), max(s["end"] for s in spans)
-    found = find_traces(e2e_run.jaeger_ui, SERVICE, tags={"eacgm.anomaly": "true"}, start_ns=start, end_ns=end)
-    assert {t["traceID"] for t in found} == flagged
-    every = find_traces(e2e_run.jaeger_ui, SERVICE, tags={}, start_ns=start, end_ns=end)
-    assert {t["traceID"] for t in every} == {s["trace_id"] for s in spans}, "Jaeger lost or invented traces"
+
+    def search(tags: dict[str, str]) -> set[str]:
+        return {t["traceID"] for t in find_traces(e2e_run.jaeger_ui, SERVICE, tags=tags, start_ns=start, end_ns=end)}
+
+    # Jaeger gets the spans on the Collector's own export schedule, after the test's store did
+    deadline = time.monotonic() + 20
+    while search({"eacgm.anomaly": "true"}) != flagged and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert search({"eacgm.anomaly": "true"}) == flagged
+    assert search({}) == {s["trace_id"] for s in spans}, "Jaeger lost or invented traces"
 
 
 def test_trace_tree_by_id(e2e_run: Run) -> None:
