@@ -1,9 +1,10 @@
 """Baseline anomaly scorers for the detector benchmark, scored like the detector.
 
 Every scorer maps (train, test) to anomaly scores (higher = more anomalous) for the test
-rows and a label-free threshold: fitted on a random 80% of train, thresholded by the same
-Peaks-Over-Threshold rule on the other 20%, so the detector and the baselines differ only in
-their model.
+rows and a label-free threshold. The detector runs as ``otel-eacgm detector fit``/``score``
+run it on a feature table (context features, out-of-fold POT threshold); the baselines are
+fitted on a random 80% of train and thresholded by the same Peaks-Over-Threshold rule on
+the other 20%.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from sklearn.decomposition import PCA
 from sklearn.ensemble import IsolationForest
 from sklearn.preprocessing import StandardScaler
 
-from eacgm_detector.model import GMMDetector
+from eacgm_detector.config import DetectorConfig
+from eacgm_detector.online import fit_table, table_features
 from eacgm_detector.threshold import pot_threshold
 
 RISK = 1e-3
@@ -31,10 +33,14 @@ def _threshold(held_out_scores: np.ndarray) -> float:
     return -t
 
 
-def gmm(train, test, **params):
-    """The detector's model with its own out-of-fold threshold."""
-    det = GMMDetector(random_state=0, threshold_risk=RISK, **params).fit(train)
-    return -det.score_samples(test), -det.threshold_
+def gmm(train, test, **config):
+    """The detector with its default configuration (``config`` overrides keys) and its own
+    out-of-fold threshold; rows are windows in time order, as the data sets give them."""
+    cfg = DetectorConfig(**({"threshold_risk": RISK, "random_state": 0} | config)).validate()
+    names = [f"x{j}" for j in range(train.shape[1])]
+    model = fit_table(cfg, names, train)
+    X, _ = table_features(model, names, test)
+    return -model.detector.score_samples(X), -model.detector.threshold_
 
 
 def random_scores(train, test):

@@ -15,10 +15,8 @@ import signal
 import sys
 import threading
 
-import numpy as np
-
 from eacgm_detector.config import DetectorConfig
-from eacgm_detector.online import fit_rows, model_from_config
+from eacgm_detector.online import fit_rows, fit_table, table_features
 from eacgm_detector.persist import SavedModel, load_model, save_model
 from eacgm_detector.records import entity_label
 from eacgm_detector.replay import read_csv, score_otlp, windows_from_otlp
@@ -69,7 +67,7 @@ def _fit(args) -> int:
         model = fit_rows(cfg, rows)
     else:
         names, X, _ = read_csv(args.input)
-        model = SavedModel(model_from_config(cfg).fit(X), names)
+        model = fit_table(cfg, names, X)
     save_model(args.output, model)
     det = model.detector
     print(f"fitted {det.n_components_} components ({det.covariance_type}) on {len(model.feature_names)} "
@@ -91,14 +89,11 @@ def _score(args) -> int:
     if args.input.endswith((".jsonl", ".json")):
         return _score_otlp(args, model)
     names, X, stamps = read_csv(args.input)
-    missing = [n for n in model.feature_names if n not in names]
-    if len(missing) == len(model.feature_names):
+    Xm, missing = table_features(model, names, X)
+    if len(missing) == len(model.base_feature_names):
         raise ValueError(f"{args.input}: none of the model's {len(missing)} features are columns")
     if missing:
         log.warning("%s lacks %d model features (imputed): %s", args.input, len(missing), missing[:5])
-    col = {n: i for i, n in enumerate(names)}
-    Xm = np.column_stack([X[:, col[n]] if n in col else np.full(len(X), np.nan)
-                          for n in model.feature_names])
     scores = model.detector.score_samples(Xm)
     flags = (scores < model.detector.threshold_).astype(int)
     with open(args.output, "w", newline="") as fh:

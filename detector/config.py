@@ -17,6 +17,7 @@ from pathlib import Path
 
 import yaml
 
+from eacgm_detector.context import DEFAULT_CONTEXT_WINDOWS, check_windows
 from eacgm_detector.model import COVARIANCE_TYPES, THRESHOLD_METHODS
 
 #: Environment variable that sets ``bearer_token`` (kept out of config files and command lines).
@@ -66,7 +67,10 @@ class DetectorConfig:
     top_features: int = 3
     max_components: int = 8
     covariance_type: str = "full"
-    reg_covar: float = 1e-3
+    reg_covar: float = 1e-2
+    #: Spans k (in windows) of the context features: each feature's deviation from its mean
+    #: over the entity's previous k windows joins the window's features; [] turns them off.
+    context_windows: list[int] = field(default_factory=lambda: list(DEFAULT_CONTEXT_WINDOWS))
     threshold_method: str = "pot"
     threshold_risk: float = 1e-3
     random_state: int = 0
@@ -98,6 +102,7 @@ class DetectorConfig:
             raise ValueError(f"threshold_method: {self.threshold_method!r}, expected one of {THRESHOLD_METHODS}")
         if not 0 < self.threshold_risk < 1:
             raise ValueError(f"threshold_risk: {self.threshold_risk!r} must be in (0, 1)")
+        check_windows(self.context_windows)
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
             raise ValueError("tls_cert_file / tls_key_file: set both or neither")
         if ":" not in self.listen:
@@ -143,6 +148,8 @@ def _check_type(key: str, value, type_text: str) -> None:
     base = type_text.split(" |")[0]
     if base == "list[str]":
         ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
+    elif base == "list[int]":
+        ok = isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
     elif base == "float":
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     elif base == "int":

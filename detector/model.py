@@ -5,7 +5,8 @@ log-likelihood (higher = more normal); ``decision_function`` is the score minus 
 label-free threshold ``offset_`` (negative = anomalous); ``predict`` gives +1 (inlier) or
 -1 (outlier). Missing values (NaN) are imputed with the training median, because a
 feature that is absent in one window (no calls of a function, a gauge not reported) should
-not look like an extreme value.
+not look like an extreme value. Scoring is per row; only ``fit`` reads the row order (its
+held-out folds are contiguous runs of windows, see ``shuffle_folds``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ COVARIANCE_TYPES = ("full", "tied", "diag", "spherical")
 THRESHOLD_METHODS = ("pot", "quantile")
 
 #: Features whose training standard deviation is below this are treated as constant: they
-#: are centred but not scaled, and ``reg_covar`` bounds their variance from below.
+#: are centred, not standardized, and ``reg_covar`` bounds their variance from below.
 _CONSTANT_STD = 1e-12
 
 
@@ -35,19 +36,38 @@ class GMMDetector(OutlierMixin, BaseEstimator):
     max_components : int, default=8
         Cap on the number of mixture components; BIC chooses within ``1..max_components``.
     covariance_type : {"full", "tied", "diag", "spherical"}, default="full"
-    reg_covar : float, default=1e-3
+    reg_covar : float, default=1e-2
         Added to covariance diagonals in standardized units, so constant or nearly constant
-        features get a finite variance instead of a singular matrix.
+        features get a finite variance instead of a singular matrix, and no component can
+        shrink onto a near-degenerate slice of the training windows (a counter that took a
+        handful of values), where any new value would look infinitely unlikely. A fit on
+        ``n`` windows of ``d`` features adds at least ``d / n``: a sample covariance's
+        smallest eigenvalues come out too small by about that much (Marchenko-Pastur), and
+        new windows would look unlikely along exactly those directions; it matters for a
+        warm-up of a few hundred windows, not for thousands.
     threshold_method : {"pot", "quantile"}, default="pot"
         Extreme-value (Peaks-Over-Threshold) fit or empirical quantile of held-out scores.
     threshold_risk : float, default=1e-3
         Target fraction of normal windows flagged.
-    trim_fraction : float, default=0.01
+    trim_fraction : float, default=0.005
         Share of the lowest held-out scores left out of the threshold fit: training data
         is mostly, not entirely, normal, and one wild window must not push the threshold
-        so far down that nothing is ever flagged.
+        so far down that nothing is ever flagged. Not more: with contiguous folds the low
+        held-out scores are mostly drift that future windows will show too, and the
+        threshold must cover it.
     n_folds : int, default=5
         Folds for out-of-fold (held-out) scores that set the threshold and check BIC's choice.
+    shuffle_folds : bool, default=False
+        False: the folds are contiguous runs of rows, which ``fit`` takes to be windows in
+        time order. Neighbouring windows are near-copies of each other, so a random fold
+        would be scored by a model that saw its neighbours: held-out scores too good, and a
+        threshold too loose for the drift that real future windows show. True: random folds.
+    derived_from : sequence of int or None, default=None
+        Per feature, -1 or the index of the feature it is a deviation of (a context feature,
+        :mod:`eacgm_detector.context`). A missing deviation (no earlier windows to compare
+        with) is imputed as its feature's deviation from the training mean, "at the usual
+        level": the median deviation next to an arbitrary current value would claim a jump
+        and make every entity's first windows look anomalous. None: no context features.
     n_init : int, default=1
     max_iter : int, default=200
     random_state : int, RandomState or None, default=None
@@ -75,11 +95,13 @@ class GMMDetector(OutlierMixin, BaseEstimator):
         max_components: int = 8,
         *,
         covariance_type: str = "full",
-        reg_covar: float = 1e-3,
+        reg_covar: float = 1e-2,
         threshold_method: str = "pot",
         threshold_risk: float = 1e-3,
-        trim_fraction: float = 0.01,
+        trim_fraction: float = 0.005,
         n_folds: int = 5,
+        shuffle_folds: bool = False,
+        derived_from=None,
         n_init: int = 1,
         max_iter: int = 200,
         random_state=None,
@@ -91,6 +113,8 @@ class GMMDetector(OutlierMixin, BaseEstimator):
         self.threshold_risk = threshold_risk
         self.trim_fraction = trim_fraction
         self.n_folds = n_folds
+        self.shuffle_folds = shuffle_folds
+        self.derived_from = derived_from
         self.n_init = n_init
         self.max_iter = max_iter
         self.random_state = random_state
@@ -120,11 +144,38 @@ class GMMDetector(OutlierMixin, BaseEstimator):
         if not isinstance(self.n_folds, (int, np.integer)) or self.n_folds < 2:
             raise ValueError(f"n_folds={self.n_folds!r}: expected an integer >= 2")
 
-    def _mixture(self, k: int, seed: int) -> GaussianMixture:
+    def _derived(self, n_features: int) -> np.ndarray:
+        """``derived_from`` checked against ``n_features``, as an int array (-1: plain)."""
+        if self.derived_from is None:
+            return np.full(n_features, -1)
+        src = np.asarray(self.derived_from)
+        plain = src == -1 if src.ndim == 1 else None
+        if (src.shape != (n_features,) or src.dtype.kind not in "iu"
+                or not np.all(plain | ((src >= 0) & (src < n_features)))
+                or not np.all(plain[src[~plain]])):
+            raise ValueError(
+                f"derived_from={self.derived_from!r}: expected {n_features} entries, each -1 or "
+                f"the index of a feature that is itself -1"
+            )
+        return src.astype(int)
+
+    def _impute(self, X: np.ndarray) -> np.ndarray:
+        """NaN to the training median; a missing deviation to its feature's deviation from
+        the training mean (see ``derived_from``)."""
+        src = self._derived(X.shape[1])
+        ctx = np.isnan(X) & (src >= 0)
+        X = np.where(np.isnan(X), self.fill_, X)
+        if ctx.any():
+            rows, cols = np.nonzero(ctx)
+            X[rows, cols] = X[rows, src[cols]] - self.center_[src[cols]]
+        return X
+
+    def _mixture(self, k: int, seed: int, Z: np.ndarray) -> GaussianMixture:
+        """An unfitted mixture of ``k`` components for the windows ``Z``."""
         return GaussianMixture(
             n_components=k,
             covariance_type=self.covariance_type,
-            reg_covar=self.reg_covar,
+            reg_covar=max(self.reg_covar, Z.shape[1] / Z.shape[0]),
             n_init=self.n_init,
             max_iter=self.max_iter,
             random_state=seed,
@@ -136,7 +187,8 @@ class GMMDetector(OutlierMixin, BaseEstimator):
         Parameters
         ----------
         X : array-like of shape (n_samples, n_features)
-            Window features; NaN marks a missing value.
+            Window features in time order (the folds are contiguous unless
+            ``shuffle_folds``); NaN marks a missing value.
         y : ignored
         """
         self._check_params()
@@ -148,19 +200,26 @@ class GMMDetector(OutlierMixin, BaseEstimator):
             warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns
             fill = np.nanmedian(X, axis=0)
         self.fill_ = np.where(np.isfinite(fill), fill, 0.0)
-        X = np.where(np.isnan(X), self.fill_, X)
+        # The plain features' means first: a missing deviation is imputed from them.
+        self.center_ = np.where(np.isnan(X), self.fill_, X).mean(axis=0)
+        X = self._impute(X)
         self.center_ = X.mean(axis=0)
         std = X.std(axis=0)
-        self.scale_ = np.where(std > _CONSTANT_STD, std, 1.0)
+        # A constant feature keeps the variance floor reg_covar in its own units (any change
+        # of it stays as unlikely as reg_covar says) when a short fit raises the floor in
+        # standardized units to d / n (see reg_covar): its unit is shrunk to match.
+        floor = max(self.reg_covar, X.shape[1] / X.shape[0])
+        self.scale_ = np.where(std > _CONSTANT_STD, std, np.sqrt(self.reg_covar / floor))
         Z = (X - self.center_) / self.scale_
 
         n = Z.shape[0]
-        folds = np.array_split(rng.permutation(n), min(self.n_folds, n))
+        order = rng.permutation(n) if self.shuffle_folds else np.arange(n)
+        folds = np.array_split(order, min(self.n_folds, n))
         hold0 = folds[0]
         train0 = np.setdiff1d(np.arange(n), hold0)
         bic, hold_ll, fitted = [], [], []
         for k in range(1, min(self.max_components, train0.size) + 1):
-            gm = self._mixture(k, seed).fit(Z[train0])
+            gm = self._mixture(k, seed, Z[train0]).fit(Z[train0])
             bic.append(gm.bic(Z[train0]))
             hold_ll.append(gm.score(Z[hold0]))
             fitted.append(gm)
@@ -181,8 +240,8 @@ class GMMDetector(OutlierMixin, BaseEstimator):
         for hold in folds[1:]:
             train = np.setdiff1d(np.arange(n), hold)
             k = min(self.n_components_, train.size)
-            oof[hold] = self._mixture(k, seed).fit(Z[train]).score_samples(Z[hold])
-        self.mixture_ = self._mixture(self.n_components_, seed).fit(Z)
+            oof[hold] = self._mixture(k, seed, Z[train]).fit(Z[train]).score_samples(Z[hold])
+        self.mixture_ = self._mixture(self.n_components_, seed, Z).fit(Z)
         self.n_iter_ = self.mixture_.n_iter_
         oof = np.sort(oof)[int(np.ceil(self.trim_fraction * n)):]
         if self.threshold_method == "pot":
@@ -196,8 +255,7 @@ class GMMDetector(OutlierMixin, BaseEstimator):
     def _standardize(self, X) -> np.ndarray:
         check_is_fitted(self, "mixture_")
         X = validate_data(self, X, dtype=np.float64, ensure_all_finite="allow-nan", reset=False)
-        X = np.where(np.isnan(X), self.fill_, X)
-        return (X - self.center_) / self.scale_
+        return (self._impute(X) - self.center_) / self.scale_
 
     def score_samples(self, X) -> np.ndarray:
         """Log-likelihood of each window in standardized feature space, shape (n_samples,)."""

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from eacgm_detector.config import DetectorConfig
+from eacgm_detector.context import ContextTracker, add_context, base_name, derived_from
 from eacgm_detector.features import (Vocabulary, feature_category, feature_names, vectorize,
                                      window_features)
 from eacgm_detector.model import GMMDetector
@@ -50,17 +51,47 @@ class WindowResult:
     span_refs: list[tuple] = field(default_factory=list, repr=False)
 
 
-def model_from_config(cfg: DetectorConfig) -> GMMDetector:
-    """A fresh estimator with the config's hyperparameters."""
+def model_from_config(cfg: DetectorConfig, names: list[str] | None = None) -> GMMDetector:
+    """A fresh estimator with the config's hyperparameters; with the feature ``names``, it
+    knows which are context features of which (``derived_from``)."""
     return GMMDetector(cfg.max_components, covariance_type=cfg.covariance_type,
                        reg_covar=cfg.reg_covar, threshold_method=cfg.threshold_method,
-                       threshold_risk=cfg.threshold_risk, random_state=cfg.random_state)
+                       threshold_risk=cfg.threshold_risk, random_state=cfg.random_state,
+                       derived_from=None if names is None else derived_from(names, cfg.context_windows))
 
 
 def fit_rows(cfg: DetectorConfig, rows: list[dict[str, float]]) -> SavedModel:
-    """Fit a model on feature dicts (one per window)."""
+    """Fit a model on feature dicts (one per window, in time order), which already carry
+    their context features (:class:`~eacgm_detector.context.ContextTracker` with
+    ``cfg.context_windows``)."""
     names = feature_names(rows)
-    return SavedModel(model_from_config(cfg).fit(vectorize(rows, names)), names, cfg.window_s)
+    return SavedModel(model_from_config(cfg, names).fit(vectorize(rows, names)), names, cfg.window_s,
+                      tuple(cfg.context_windows))
+
+
+def fit_table(cfg: DetectorConfig, names: list[str], X: np.ndarray) -> SavedModel:
+    """Fit a model on a table of one entity's windows in time order (rows) by feature
+    (``names``), its context features derived here; ``window_s`` is not recorded."""
+    Xc, names_c = add_context(X, names, cfg.context_windows)
+    return SavedModel(model_from_config(cfg, names_c).fit(Xc), names_c, None, tuple(cfg.context_windows))
+
+
+def table_features(model: SavedModel, names: list[str], X: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    """A time-ordered table (columns ``names``) as the model's feature matrix: its context
+    features derived as in training, columns in ``model.feature_names`` order.
+
+    Returns the matrix and the model's base features that ``names`` lacks (NaN there, so the
+    model imputes them).
+    """
+    col = {n: i for i, n in enumerate(names)}
+    base = model.base_feature_names
+    missing = [n for n in base if n not in col]
+    Xb = np.column_stack([X[:, col[n]] if n in col else np.full(len(X), np.nan) for n in base])
+    Xc, names_c = add_context(Xb.reshape(len(X), len(base)), base, model.context_windows)
+    at = {n: i for i, n in enumerate(names_c)}
+    out = np.column_stack([Xc[:, at[n]] if n in at else np.full(len(X), np.nan)
+                           for n in model.feature_names])
+    return out.reshape(len(X), len(model.feature_names)), missing
 
 
 class EntityDetector:
@@ -75,6 +106,8 @@ class EntityDetector:
             max_span_refs=cfg.max_span_refs)
         self.model = model
         self._fixed = model is not None
+        # A fixed model's features were derived with its own context windows.
+        self.context = ContextTracker(model.context_windows if model is not None else cfg.context_windows)
         self.history: deque[dict[str, float]] = deque(maxlen=cfg.history_windows)
         self._since_fit = 0
         self.fits = 0
@@ -92,7 +125,7 @@ class EntityDetector:
 
     def score(self, win: Window) -> WindowResult:
         """Score a closed window (or learn from it while warming up)."""
-        feats = window_features(win)
+        feats = self.context.augment(window_features(win))
         base = dict(entity=win.entity, start_ns=win.start_ns, end_ns=win.end_ns,
                     span_refs=win.span_refs)
         if self.model is None:
@@ -106,10 +139,7 @@ class EntityDetector:
         anomalous = score < det.threshold_
         result = WindowResult(score=score, threshold=float(det.threshold_), anomalous=anomalous, **base)
         if anomalous:
-            contrib = det.contributions(x)[0]
-            order = np.argsort(-contrib)[: self.cfg.top_features]
-            result.top = [Contribution(names[i], feature_category(names[i]), float(contrib[i]),
-                                       float(x[0, i])) for i in order]
+            result.top = _top_features(self.model, x, self.cfg.top_features)
             result.affected = _affected_spans(win, result.top)
         else:
             self.history.append(feats)
@@ -117,6 +147,22 @@ class EntityDetector:
             if not self._fixed and self._since_fit >= self.cfg.refit_every:
                 self._fit()
         return result
+
+
+def _top_features(model: SavedModel, x: np.ndarray, n: int) -> list[Contribution]:
+    """The ``n`` features with the largest contributions, a context feature's added to the
+    feature it derives from: the person reading the event wants to know that the all-reduce
+    duration moved, whether against training or against the last minute."""
+    contrib = model.detector.contributions(x)[0]
+    names = model.feature_names
+    index = {name: i for i, name in enumerate(names)}
+    total: dict[str, float] = {}
+    for name, c in zip(names, contrib):
+        base = base_name(name, model.context_windows)
+        total[base] = total.get(base, 0.0) + float(c)
+    top = sorted(total.items(), key=lambda kv: -kv[1])[:n]
+    return [Contribution(b, feature_category(b), c, float(x[0, index[b]]) if b in index else math.nan)
+            for b, c in top]
 
 
 def _affected_spans(win: Window, top: list[Contribution]) -> list[tuple[bytes, bytes]]:

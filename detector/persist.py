@@ -1,8 +1,9 @@
 """Saving and loading fitted models in a format that cannot execute code.
 
 A model file is a NumPy ``.npz`` archive of plain float arrays plus one JSON document
-(hyperparameters, feature names, threshold). It is read with ``allow_pickle=False``, so a
-model file from an untrusted place can at worst be rejected, never run.
+(hyperparameters, feature names, threshold, window length, context windows). It is read with
+``allow_pickle=False``, so a model file from an untrusted place can at worst be rejected,
+never run. Version 1 files (before context features) still load, with no context windows.
 """
 
 from __future__ import annotations
@@ -17,10 +18,13 @@ from pathlib import Path
 import numpy as np
 from sklearn.mixture import GaussianMixture
 
+from eacgm_detector.context import base_name, check_windows
 from eacgm_detector.model import GMMDetector
 
 FORMAT = "eacgm-detector-model"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: Versions ``load_model`` reads: 1 has no ``context_windows`` (its models used none).
+READABLE_VERSIONS = (1, 2)
 _ARRAYS = ("fill_", "center_", "scale_", "bic_", "holdout_log_likelihood_")
 _MIXTURE_ARRAYS = ("weights_", "means_", "covariances_", "precisions_cholesky_", "precisions_")
 
@@ -31,11 +35,21 @@ class SavedModel:
 
     ``window_s`` is the window length the features were computed over, when they came from
     telemetry (counts and rates depend on it); None for models fitted on a CSV.
+    ``context_windows`` are the spans of the context features among ``feature_names``
+    (:mod:`eacgm_detector.context`): whoever scores with the model must derive them the same
+    way, so the model carries them.
     """
 
     detector: GMMDetector
     feature_names: list[str]
     window_s: float | None = None
+    context_windows: tuple[int, ...] = ()
+
+    @property
+    def base_feature_names(self) -> list[str]:
+        """The features the context features derive from, in first-seen order: what an
+        input must provide."""
+        return list(dict.fromkeys(base_name(n, self.context_windows) for n in self.feature_names))
 
 
 def save_model(path: str | Path, model: SavedModel) -> None:
@@ -55,6 +69,7 @@ def save_model(path: str | Path, model: SavedModel) -> None:
         "threshold": float(det.threshold_),
         "threshold_method": det.threshold_method_,
         "window_s": model.window_s,
+        "context_windows": list(check_windows(model.context_windows)),
     }
     meta["params"]["random_state"] = _plain_seed(meta["params"]["random_state"])
     arrays = {name: getattr(det, name) for name in _ARRAYS}
@@ -80,10 +95,10 @@ def load_model(path: str | Path) -> SavedModel:
         raise ValueError(f"{path}: not a detector model file ({exc})") from exc
     if not isinstance(meta, dict):
         raise ValueError(f"{path}: not a detector model file (meta is {type(meta).__name__}, not an object)")
-    if meta.get("format") != FORMAT or meta.get("version") != FORMAT_VERSION:
+    if meta.get("format") != FORMAT or meta.get("version") not in READABLE_VERSIONS:
         raise ValueError(
             f"{path}: format {meta.get('format')!r} version {meta.get('version')!r}, "
-            f"expected {FORMAT!r} version {FORMAT_VERSION}"
+            f"expected {FORMAT!r} version {' or '.join(map(str, READABLE_VERSIONS))}"
         )
     try:
         return _restore(meta, arrays)
@@ -133,7 +148,10 @@ def _restore(meta: dict, arrays: dict[str, np.ndarray]) -> SavedModel:
     window_s = meta.get("window_s")
     if window_s is not None and not (isinstance(window_s, (int, float)) and math.isfinite(window_s) and window_s > 0):
         raise ValueError(f"window_s {window_s!r} must be a positive number")
-    return SavedModel(det, list(names), window_s)
+    context = meta.get("context_windows", [])
+    if not isinstance(context, list):
+        raise ValueError(f"context_windows {context!r} must be a list of window counts")
+    return SavedModel(det, list(names), window_s, check_windows(context))
 
 
 def _plain_seed(seed):

@@ -22,6 +22,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from eacgm_detector.config import DetectorConfig
+from eacgm_detector.context import ContextTracker
 from eacgm_detector.features import window_features
 from eacgm_detector.online import WindowResult
 from eacgm_detector.persist import SavedModel
@@ -74,7 +75,8 @@ def _replay(path: str | Path, det: Detector, collect) -> list:
 
 
 def windows_from_otlp(path: str | Path, cfg: DetectorConfig) -> list[dict[str, float]]:
-    """Feature dicts of every window in a recording, all entities pooled, in time order."""
+    """Feature dicts of every window in a recording, all entities pooled, in time order;
+    each window's context features come from its own entity's previous windows."""
     det = Detector(cfg)
 
     def closed(final: bool) -> list:
@@ -82,7 +84,9 @@ def windows_from_otlp(path: str | Path, cfg: DetectorConfig) -> list[dict[str, f
                 for w in (ent.windows.drain() if final else ent.windows.ready())]
     wins = _replay(path, det, closed)
     wins.sort(key=lambda w: (w.start_ns, w.entity))
-    return [window_features(w) for w in wins]
+    trackers: dict = {}
+    return [trackers.setdefault(w.entity, ContextTracker(cfg.context_windows)).augment(window_features(w))
+            for w in wins]
 
 
 def score_otlp(path: str | Path, cfg: DetectorConfig, model: SavedModel) -> list[WindowResult]:

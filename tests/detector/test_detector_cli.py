@@ -32,7 +32,10 @@ def test_fit_and_score_csv(tmp_path):
     train[rng.random(600) < 0.05, 1] = np.nan
     write_csv(tmp_path / "train.csv", train, names, stamps=list(range(600)))
     assert main(["fit", "--input", str(tmp_path / "train.csv"), "--output", str(tmp_path / "m.npz")]) == 0
-    assert load_model(tmp_path / "m.npz").feature_names == names
+    model = load_model(tmp_path / "m.npz")
+    # The CSV's columns, then each one's deviation from its mean over the previous 10 and 30 rows.
+    assert model.base_feature_names == names and model.context_windows == (10, 30)
+    assert model.feature_names == names + [f"{n}.dev{k}" for k in (10, 30) for n in names]
 
     test = rng.normal(size=(100, 3)) @ np.array([[1, 0.5, 0], [0, 1, 0.3], [0, 0, 1]])
     test[[10, 50], 0] += 15.0
