@@ -23,6 +23,31 @@ BPF_DIR = Path(__file__).resolve().parent.parent / "bpf"
 _DETACHED_RELEASE_MIN = 8  # probes; fewer are released in the agent (see CallProgram._detach_uprobes)
 
 
+#: The name (comm) of the child that releases an exited agent's probes.
+RELEASER_NAME = "eacgm-release"
+
+
+def _set_process_name(name: str) -> None:
+    """prctl(PR_SET_NAME): how other agents tell a releasing child apart (see releases_running)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(15, name.encode(), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def releases_running(proc: Path = Path("/proc")) -> bool:
+    """Whether an earlier agent's probes are still being released. Detaching and re-attaching a
+    probe while another agent's probes on the same function are being released was seen to
+    leave the re-attached probe silent (kernel 6.18), so the guardrail waits for them."""
+    for comm in proc.glob("[0-9]*/comm"):
+        try:
+            if comm.read_text().strip() == RELEASER_NAME:
+                return True
+        except OSError:
+            continue
+    return False
+
+
 class BpfError(RuntimeError):
     """The BPF program could not be compiled, loaded or attached."""
 
@@ -344,6 +369,7 @@ class CallProgram:
         if child == 0:  # the releasing child: no Python cleanup, no output, no signal from the terminal
             try:
                 os.setsid()
+                _set_process_name(RELEASER_NAME)
                 devnull = os.open(os.devnull, os.O_RDWR)
                 for fd in (0, 1, 2):
                     os.dup2(devnull, fd)

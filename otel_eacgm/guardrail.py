@@ -28,7 +28,7 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 
-from otel_eacgm.bpf_loader import CallProgram, CallStat
+from otel_eacgm.bpf_loader import CallProgram, CallStat, releases_running
 from otel_eacgm.probes.catalog import ProbeSpec
 
 log = logging.getLogger(__name__)
@@ -74,6 +74,7 @@ class Guardrail:
         self._cycled: dict[int, _Cycled] = {}
         self.estimates: dict[int, float] = {}    # pid -> estimated cost share with every probe attached
         self._warned_fixed = False
+        self._warned_release = False
 
     # --- measurement ----------------------------------------------------------------------
     def observe(self, entries: Sequence[CallStat], now: float) -> dict[int, float]:
@@ -81,7 +82,10 @@ class Guardrail:
         return per probe the factor that extrapolates this window's counts (1 / attached share)."""
         t0, self._last_observe = self._last_observe, now
         window = now - t0
-        scale = {slot: 1.0 / max(c.share(t0, now), 1e-9) for slot, c in self._cycled.items()
+        # Never more than twice the duty's own factor: a window whose attached time was cut short
+        # (the agent stalled) must not multiply its counts without bound.
+        bound = 2.0 / max(self.duty, self.min_duty)
+        scale = {slot: min(bound, 1.0 / max(c.share(t0, now), 1e-9)) for slot, c in self._cycled.items()
                  if c.share(t0, now) < 0.999}
         per_pid: dict[int, list[tuple[ProbeSpec | None, int, float]]] = {}
         counts: dict[tuple[int, int], int] = {}
@@ -95,7 +99,12 @@ class Guardrail:
                 per_pid.setdefault(pid, []).append((self._rows.get(slot), slot, rate))
         self._last_counts = counts
         if window > 0 and not blind:  # a window the cycled probes barely saw tells nothing of their rate
-            self._decide(per_pid)
+            if self.duty >= 1.0 and releases_running():
+                if not self._warned_release:
+                    self._warned_release = True
+                    log.info("guardrail: an earlier agent's probes are still being released; no probe is cycled before that ends")
+            else:
+                self._decide(per_pid)
         for c in self._cycled.values():
             c.forget_before(now - 10 * max(self.period_s, window))
         return scale
@@ -166,8 +175,9 @@ class Guardrail:
             if c.attached == want:
                 continue
             symbol = self._rows[slot].symbol
-            # A probe fires once its breakpoint is written, which attach does last, and stops
-            # once it is removed, which detach does first (then it waits for the kernel).
+            # A probe fires once its breakpoint is written and its program set, which attach
+            # does last, and stops once the breakpoint is removed, which detach does first
+            # (then it waits for the kernel).
             if want:
                 self._program.reattach_entries(slot, symbol)
                 c.since = time.monotonic()

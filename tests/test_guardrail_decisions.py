@@ -78,3 +78,24 @@ def test_probes_that_cannot_be_cycled_over_budget_are_reported_once(caplog: pyte
         g.observe([stat("cuStreamSynchronize", 20_000), stat("cuLaunchKernel", 20_000)], 2.0)
     assert g.duty == 0.05
     assert sum("turn layers off" in r.message for r in caplog.records) == 1
+
+
+def test_no_probe_is_cycled_while_an_earlier_agent_releases_its_probes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("otel_eacgm.guardrail.releases_running", lambda: True)
+    g, program = guardrail()
+    g.observe([stat("cuLaunchKernel", 100_000)], 1.0)
+    assert g.duty == 1.0 and program.calls == []
+    monkeypatch.setattr("otel_eacgm.guardrail.releases_running", lambda: False)
+    g.observe([stat("cuLaunchKernel", 200_000)], 2.0)
+    assert g.duty == pytest.approx(0.5)
+
+
+def test_a_releasing_child_is_recognised_by_its_name(tmp_path) -> None:  # noqa: ANN001
+    from otel_eacgm.bpf_loader import RELEASER_NAME, releases_running  # noqa: PLC0415
+
+    (tmp_path / "41").mkdir()
+    (tmp_path / "41" / "comm").write_text("python3\n")
+    assert not releases_running(tmp_path)
+    (tmp_path / "42").mkdir()
+    (tmp_path / "42" / "comm").write_text(RELEASER_NAME + "\n")
+    assert releases_running(tmp_path)
