@@ -162,6 +162,10 @@ class Agent:
         meter.create_observable_gauge(
             "eacgm.agent.probes", observe(lambda: [Observation(self.program.probe_count)]),
             unit="{probe}", description="Uprobes and uretprobes attached")
+        meter.create_observable_counter(
+            "process.cpu.time", observe(lambda: [
+                Observation(t, {"cpu.mode": mode}) for mode, t in zip(("user", "system"), os.times()[:2])]),
+            unit="s", description="CPU time of the agent process (its own cost, beside the probes' estimate)")
         if self.guardrail is not None:
             g = self.guardrail
             meter.create_observable_gauge(

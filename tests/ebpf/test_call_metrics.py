@@ -100,6 +100,14 @@ def test_host_network_metrics_arrive_from_the_agent(metered_run) -> None:  # noq
     assert lo[0]["resource"]["service.name"] == "otel-eacgm-agent"
 
 
+
+def test_the_agent_reports_its_own_cpu_time(metered_run) -> None:  # noqa: ANN001
+    *_, points = metered_run
+    cpu = {p["attributes"]["cpu.mode"]: p["value"] for p in points if p["name"] == "process.cpu.time"
+           and p["resource"]["service.name"] == "otel-eacgm-agent"}
+    assert set(cpu) == {"user", "system"} and cpu["user"] > 0.1, cpu  # BCC's compile alone costs more
+
+
 QUIET_PLAN = [["cudaLaunchKernel", 300], ["ncclGroupStart", 50], ["ncclGroupEnd", 50], ["cudaMalloc", 3]]
 
 
