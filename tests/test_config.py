@@ -45,3 +45,16 @@ def test_missing_file_and_bad_env() -> None:
         load("/nonexistent.yaml", environ={})
     with pytest.raises(ConfigError, match="environment: queue_size='lots' is invalid"):
         load(None, environ={"OTEL_EACGM_QUEUE_SIZE": "lots"})
+
+
+def test_example_config_names_every_option_at_its_default() -> None:
+    import dataclasses  # noqa: PLC0415
+
+    from otel_eacgm.config import AgentConfig  # noqa: PLC0415
+
+    text = EXAMPLE.read_text()
+    missing = [f.name for f in dataclasses.fields(AgentConfig) if f"{f.name}:" not in text]
+    assert missing == [], f"examples/agent.yaml lacks {missing}"
+    loaded, default = load(str(EXAMPLE), environ={}), AgentConfig()
+    differ = {f.name for f in dataclasses.fields(AgentConfig) if getattr(loaded, f.name) != getattr(default, f.name)}
+    assert differ == set(), f"examples/agent.yaml sets {differ} to other than the defaults"
