@@ -6,7 +6,8 @@ Names (``docs/detector.md`` lists them):
   ``.log_duration.p95`` and, for spans with ``nccl.bytes``, ``.log_bandwidth``;
 - ``metric.<name>.mean`` and ``.max`` for gauges, ``metric.<name>.rate`` for counters
   (per second), with the value of a split attribute such as ``network.io.direction``
-  appended to ``<name>`` when present.
+  appended to ``<name>`` when present; for histograms ``metric.<name>.count.rate``,
+  ``metric.<name>.sum.rate`` and ``metric.<name>.mean``, the mean of what the window added.
 
 Functions beyond ``max_functions`` per layer and metrics beyond ``max_metrics`` share an
 ``other`` bucket, so a process calling thousands of distinct functions cannot grow the
@@ -85,6 +86,10 @@ def window_features(win: Window) -> dict[str, float]:
             out[f"metric.{name}.max"] = float(np.max(ms.values))
         else:
             out[f"metric.{name}.rate"] = ms.increase / (ms.seconds if ms.kind == "cumulative" else seconds)
+    for name, ms in win.metrics.items():  # a histogram's mean over this window
+        count = win.metrics.get(name.removesuffix(".sum") + ".count") if name.endswith(".sum") else None
+        if count is not None and count.values and ms.values and count.increase > 0:
+            out[f"metric.{name.removesuffix('.sum')}.mean"] = ms.increase / count.increase
     return out
 
 

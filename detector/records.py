@@ -83,8 +83,10 @@ class MetricPoint:
     """One metric data point reduced to a value.
 
     ``kind`` is ``gauge`` (a level: mean/max features), ``cumulative`` or ``delta`` (a
-    counter: rate features). Histograms contribute two points: ``<name>.count`` as a counter
-    and ``<name>.mean`` as a gauge of the per-point mean.
+    counter: rate features). Histograms contribute two counters, ``<name>.count`` and
+    ``<name>.sum``, whose increases in a window give the window's own mean (a cumulative
+    histogram's sum/count is the mean since the process started, which says little about
+    this window and differs from one process to the next).
     """
 
     entity: Entity
@@ -159,11 +161,10 @@ def _points(entity: Entity, metric) -> Iterator[MetricPoint]:
         cum = getattr(body, "aggregation_temporality", 2) == AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
         for dp in body.data_points:
             series = _series(dp)
-            yield MetricPoint(entity, dp.time_unix_nano, metric.name + ".count",
-                              "cumulative" if cum else "delta", series, float(dp.count))
-            if dp.count:
-                yield MetricPoint(entity, dp.time_unix_nano, metric.name + ".mean", "gauge",
-                                  series, dp.sum / dp.count)
+            kind = "cumulative" if cum else "delta"
+            yield MetricPoint(entity, dp.time_unix_nano, metric.name + ".count", kind, series, float(dp.count))
+            if math.isfinite(dp.sum):
+                yield MetricPoint(entity, dp.time_unix_nano, metric.name + ".sum", kind, series, float(dp.sum))
 
 
 def points_from_request(

@@ -73,6 +73,29 @@ def test_metric_features_gauge_and_cumulative_rate():
     assert feature_category("metric.system.network.io.receive.rate") == "network"
 
 
+def test_a_cumulative_histogram_gives_the_mean_of_what_the_window_added():
+    """The lifetime mean (sum/count of a cumulative point) is not this window's: 100 calls of
+    1 ms before the window, then 10 calls of 5 ms in it, is a window mean of 5 ms."""
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest  # noqa: PLC0415
+    from opentelemetry.proto.metrics.v1 import metrics_pb2  # noqa: PLC0415
+
+    from eacgm_detector.records import points_from_request  # noqa: PLC0415
+
+    req = ExportMetricsServiceRequest()
+    m = req.resource_metrics.add().scope_metrics.add().metrics.add(name="eacgm.call.duration")
+    m.histogram.aggregation_temporality = metrics_pb2.AGGREGATION_TEMPORALITY_CUMULATIVE
+    for t, count, total in [(1, 100, 0.100), (3, 105, 0.125), (5, 110, 0.150)]:
+        m.histogram.data_points.add(time_unix_nano=t * S, count=count, sum=total)
+    w = windows()
+    points, rejected = points_from_request(req, ("host.name",))
+    assert rejected == 0
+    for p in points:
+        w.add_point(MetricPoint(ENT, p.time_ns, p.name, p.kind, p.series, p.value))
+    f = window_features(w.drain()[0])
+    assert math.isclose(f["metric.eacgm.call.duration.mean"], 0.005)
+    assert math.isclose(f["metric.eacgm.call.duration.count.rate"], 2.5)  # 10 calls over 4 s
+
+
 def test_function_names_are_bounded_with_an_other_bucket():
     vocab = Vocabulary(max_functions=3)
     w = windows(vocab=vocab)
