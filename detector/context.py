@@ -138,6 +138,9 @@ class ContextTracker:
     def __init__(self, windows=DEFAULT_CONTEXT_WINDOWS) -> None:
         self.windows = check_windows(windows)
         self._recent: deque[dict[str, float]] = deque(maxlen=max(self.windows, default=0))
+        # One string per (feature, span), shared by every window's dict: the history keeps
+        # up to history_windows of them per entity. Bounded like the vocabulary.
+        self._names: dict[tuple[str, int], str] = {}
 
     def augment(self, feats: dict[str, float]) -> dict[str, float]:
         """``feats`` plus ``<name>.dev<k>`` for each span; remembers ``feats``."""
@@ -151,7 +154,14 @@ class ContextTracker:
             now = vectorize([feats], names)[0]
             for k in spans:
                 dev = now - trimmed_mean(past[:, -k:])
-                out.update({context_name(n, k): float(v)
+                out.update({self._name(n, k): float(v)
                             for n, v in zip(names, dev) if not np.isnan(v)})
         self._recent.append(feats)
         return out
+
+    def _name(self, name: str, k: int) -> str:
+        key = (name, k)
+        got = self._names.get(key)
+        if got is None:
+            got = self._names[key] = context_name(name, k)
+        return got
