@@ -30,6 +30,12 @@ class FakeProgram:
         return 1
 
 
+@pytest.fixture(autouse=True)
+def no_release_running(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An earlier test's agent may still be releasing its probes on this machine: not these tests' business."""
+    monkeypatch.setattr("otel_eacgm.guardrail.releases_running", lambda: False)
+
+
 def stat(symbol: str, count: int, pid: int = 7) -> CallStat:
     return CallStat(pid, SLOT[symbol], 0, 0, count, 0, 0, 0, 0, 0, (0,) * DUR_BUCKETS, (0,) * BW_BUCKETS)
 
