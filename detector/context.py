@@ -25,11 +25,10 @@ every entity's first windows would look anomalous.
 from __future__ import annotations
 
 import re
-from collections import deque
 
 import numpy as np
 
-from eacgm_detector.features import feature_names, vectorize
+from eacgm_detector.features import fill_value
 
 #: Default spans, in windows: a short one (10 windows, 100 s at the default 10 s windows)
 #: for jumps and a long one (30 windows) for slower drifts and long-lasting faults.
@@ -132,36 +131,59 @@ class ContextTracker:
 
     ``augment`` takes a window's feature dict (in arrival order, every window: warm-up and
     flagged ones too, since context is what preceded) and returns it with the deviation
-    features added; values equal :func:`add_context` on the same sequence.
+    features added; values equal :func:`add_context` on the same sequence vectorized over
+    every name the tracker has seen (a count that stopped appearing is 0, not unknown),
+    except that a name's deviations are unknown before its first window: a tracker cannot
+    know future names. The recent windows are kept as a matrix over those names, bounded by
+    the vocabulary.
     """
 
     def __init__(self, windows=DEFAULT_CONTEXT_WINDOWS) -> None:
         self.windows = check_windows(windows)
-        self._recent: deque[dict[str, float]] = deque(maxlen=max(self.windows, default=0))
+        self._depth = max(self.windows, default=0)
+        self._columns: dict[str, int] = {}
+        self._fills: list[float] = []
+        self._names: list[str] = []
+        # _recent[i] is window seen - depth + i (oldest first); rows before the first are NaN.
+        self._recent = np.full((self._depth, 0), np.nan)
+        self._seen = 0
         # One string per (feature, span), shared by every window's dict: the history keeps
-        # up to history_windows of them per entity. Bounded like the vocabulary.
-        self._names: dict[tuple[str, int], str] = {}
+        # up to history_windows of them per entity.
+        self._context_names: dict[tuple[str, int], str] = {}
 
     def augment(self, feats: dict[str, float]) -> dict[str, float]:
         """``feats`` plus ``<name>.dev<k>`` for each span; remembers ``feats``."""
         if not self.windows:
             return feats
+        new = [n for n in feats if n not in self._columns]
+        if new:
+            self._add_columns(new)
+        now = np.array([feats.get(n, f) for n, f in zip(self._names, self._fills)], dtype=float)
         out = dict(feats)
-        spans = [k for k in self.windows if k <= len(self._recent)]
-        if spans:
-            names = feature_names([feats, *self._recent])
-            past = vectorize(list(self._recent), names).T  # (features, windows), oldest first
-            now = vectorize([feats], names)[0]
-            for k in spans:
-                dev = now - trimmed_mean(past[:, -k:])
-                out.update({self._name(n, k): float(v)
-                            for n, v in zip(names, dev) if not np.isnan(v)})
-        self._recent.append(feats)
+        for k in self.windows:
+            if k > self._seen:
+                continue
+            dev = now - trimmed_mean(self._recent[-k:].T)
+            out.update({self._name(n, k): float(v)
+                        for n, v in zip(self._names, dev) if not np.isnan(v)})
+        self._recent = np.vstack([self._recent[1:], now[None]])
+        self._seen += 1
         return out
+
+    def _add_columns(self, names: list[str]) -> None:
+        fills = [fill_value(n) for n in names]
+        past = np.tile(np.asarray(fills, dtype=float), (self._depth, 1))
+        # Rows of windows that were never seen stay unknown, whatever the feature.
+        past[: max(self._depth - self._seen, 0)] = np.nan
+        self._recent = np.hstack([self._recent, past])
+        for n, f in zip(names, fills):
+            self._columns[n] = len(self._names)
+            self._names.append(n)
+            self._fills.append(f)
 
     def _name(self, name: str, k: int) -> str:
         key = (name, k)
-        got = self._names.get(key)
+        got = self._context_names.get(key)
         if got is None:
-            got = self._names[key] = context_name(name, k)
+            got = self._context_names[key] = context_name(name, k)
         return got

@@ -58,14 +58,21 @@ def test_tracker_gives_the_table_values_one_window_at_a_time():
             del row["metric.g.mean"]  # a gauge not reported: skipped in the means
         if t % 11 == 5:
             del row["span.l.f.count"]  # no calls: a true zero
+        if 15 <= t < 20:
+            row["span.l.once.count"] = 3.0  # a function called for a while, then never again
         rows.append(row)
     tracker = ContextTracker([10, 30])
     online = [tracker.augment(r) for r in rows]
-    names = ["metric.g.mean", "span.l.f.count"]
+    names = ["metric.g.mean", "span.l.f.count", "span.l.once.count"]
     Xc, names_c = add_context(vectorize(rows, names), names, [10, 30])
     got = vectorize(online, names_c)
+    # Before its first call the tracker cannot know the function (the table can): unknown.
+    before = [names_c.index(f"span.l.once.count.dev{k}") for k in (10, 30)]
+    assert np.isnan(got[:15, before]).all()
+    Xc[:15, before] = np.nan
     assert np.allclose(got, Xc, equal_nan=True)
     assert "span.l.f.count.dev10" not in online[9] and "span.l.f.count.dev10" in online[10]
+    assert online[79]["span.l.once.count.dev30"] == 0.0  # no calls, as in the last 30 windows
 
 
 def test_names_and_bases():
