@@ -36,7 +36,6 @@ the run timeline ``OUT/runs.json``; ``--analyse-only`` refits and rescores those
 from __future__ import annotations
 
 import argparse
-import base64
 import csv
 import importlib.util
 import json
@@ -57,7 +56,6 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from google.protobuf import json_format  # noqa: E402
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest  # noqa: E402
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest  # noqa: E402
 
@@ -138,29 +136,13 @@ def feature_layer(name: str) -> str:
     return "other"
 
 
-def _hex_ids(node):
-    """OTLP/JSON wants hex ids where protobuf's JSON printer writes base64."""
-    if isinstance(node, dict):
-        for k, v in node.items():
-            if k in ("traceId", "spanId", "parentSpanId") and isinstance(v, str):
-                node[k] = base64.b64decode(v).hex()
-            else:
-                _hex_ids(v)
-    elif isinstance(node, list):
-        for x in node:
-            _hex_ids(x)
-    return node
-
-
-def _write(fh, req) -> None:
-    fh.write(json.dumps(_hex_ids(json_format.MessageToDict(req))) + "\n")
-
-
 def write_run(store, stem: Path, pid: int, agent_pid: int, lo: int, hi: int) -> dict:
     """The run's telemetry in [lo, hi) as OTLP/JSON lines: ``stem.spans.jsonl`` (spans of ``pid``)
     and ``stem.metrics.jsonl`` (the agent's metric points that are not about another process).
     They are two detector entities (the traced process; the agent, which reports every metric),
     so each gets its own model, as `detector serve` gives each entity its own. Returns counts."""
+    from eacgm_detector.replay import otlp_json_line  # noqa: PLC0415 - loaded by detector_modules()
+
     n_spans = n_points = 0
     with store._lock:  # noqa: SLF001 - a consistent copy of what arrived so far
         traces, metrics = list(store.traces), list(store.metrics)
@@ -180,7 +162,7 @@ def write_run(store, stem: Path, pid: int, agent_pid: int, lo: int, hi: int) -> 
                         nss.spans.extend(kept)
                         n_spans += len(kept)
             if any(rs.scope_spans for rs in out.resource_spans):
-                _write(fh, out)
+                fh.write(otlp_json_line(out))
     with open(f"{stem}.metrics.jsonl", "w") as fh:
         for req in metrics:
             out = ExportMetricsServiceRequest()
@@ -203,7 +185,7 @@ def write_run(store, stem: Path, pid: int, agent_pid: int, lo: int, hi: int) -> 
                             getattr(nm, kind).data_points.extend(pts)
                             n_points += len(pts)
             if any(sm.metrics for rm in out.resource_metrics for sm in rm.scope_metrics):
-                _write(fh, out)
+                fh.write(otlp_json_line(out))
     return {"spans": n_spans, "points": n_points}
 
 

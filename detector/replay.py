@@ -47,6 +47,25 @@ def _hex_ids_to_base64(node):
     return node
 
 
+def _base64_ids_to_hex(node):
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k in _ID_KEYS and isinstance(v, str):
+                node[k] = base64.b64decode(v).hex()
+            else:
+                _base64_ids_to_hex(v)
+    elif isinstance(node, list):
+        for x in node:
+            _base64_ids_to_hex(x)
+    return node
+
+
+def otlp_json_line(req) -> str:
+    """One export request as a line of a recorded OTLP/JSON file (ids in hex), what
+    read_otlp_jsonl reads back."""
+    return json.dumps(_base64_ids_to_hex(json_format.MessageToDict(req))) + "\n"
+
+
 def read_otlp_jsonl(path: str | Path) -> Iterator:
     """Yield the export requests of a recorded OTLP/JSON-lines file."""
     with open(path) as fh:

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import base64
 import csv
-import json
 import subprocess
 import sys
 
 import numpy as np
-from google.protobuf import json_format
 
 from eacgm_detector.cli import main
 from eacgm_detector.persist import load_model
+from eacgm_detector.replay import otlp_json_line
 from detector_recording import SEC, T0, recording
 
 
@@ -55,13 +53,7 @@ def write_jsonl(path, reqs):
     """OTLP/JSON lines as the collector's file exporter writes them: ids in hex."""
     with open(path, "w") as fh:
         for req in reqs:
-            doc = json_format.MessageToDict(req)
-            for rs in doc.get("resourceSpans", []):
-                for ss in rs["scopeSpans"]:
-                    for sp in ss["spans"]:
-                        sp["traceId"] = base64.b64decode(sp["traceId"]).hex()
-                        sp["spanId"] = base64.b64decode(sp["spanId"]).hex()
-            fh.write(json.dumps(doc) + "\n")
+            fh.write(otlp_json_line(req))
 
 
 def test_fit_and_score_recorded_otlp_jsonl(tmp_path):
@@ -108,3 +100,15 @@ def test_otel_eacgm_detector_subcommand(tmp_path, capsys):
                             "--output", str(tmp_path / "m.npz"), "--covariance-type", "diag"]) == 0
     assert "(diag)" in capsys.readouterr().out
     assert load_model(tmp_path / "m.npz").detector.covariance_type == "diag"
+
+
+def test_otlp_json_lines_round_trip_with_hex_ids(tmp_path):
+    from eacgm_detector.replay import read_otlp_jsonl  # noqa: PLC0415
+
+    reqs = recording([0], 3)
+    span = reqs[0].resource_spans[0].scope_spans[0].spans[0]
+    span.parent_span_id = bytes(range(8))
+    write_jsonl(tmp_path / "r.jsonl", reqs)
+    line = (tmp_path / "r.jsonl").read_text().splitlines()[0]
+    assert span.trace_id.hex() in line and bytes(range(8)).hex() in line  # hex, as the OTLP/JSON spec says
+    assert list(read_otlp_jsonl(tmp_path / "r.jsonl")) == reqs
