@@ -107,12 +107,17 @@ class Store(trace_service_pb2_grpc.TraceServiceServicer, metrics_service_pb2_grp
 
     def wait_for(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
         """Poll `predicate` until true or timeout."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if predicate():
-                return True
-            time.sleep(0.1)
-        return predicate()
+        return wait_until(predicate, timeout_s)
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float) -> bool:
+    """Poll `predicate` every 0.1 s until it holds or `timeout_s` passed; its last answer."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return predicate()
 
 
 def serve(port: int = 0) -> tuple[grpc.Server, Store, int]:

@@ -20,7 +20,7 @@ from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
-from otel_eacgm.otlp_store import attrs
+from otel_eacgm.otlp_store import attrs, wait_until
 
 AGENT_SCOPE = "otel-eacgm.agent"
 DETECTOR_SCOPE = "eacgm_detector"
@@ -104,12 +104,7 @@ class Counter(trace_service_pb2_grpc.TraceServiceServicer, metrics_service_pb2_g
 
     def wait_for(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
         """Poll `predicate` until true or timeout."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if predicate():
-                return True
-            time.sleep(0.1)
-        return predicate()
+        return wait_until(predicate, timeout_s)
 
 
 def _pid(resource: dict) -> int:
