@@ -85,13 +85,13 @@ class Guardrail:
         # Never more than twice the duty's own factor: a window whose attached time was cut short
         # (the agent stalled) must not multiply its counts without bound.
         bound = 2.0 / max(self.duty, self.min_duty)
-        scale = {slot: min(bound, 1.0 / max(c.share(t0, now), 1e-9)) for slot, c in self._cycled.items()
-                 if c.share(t0, now) < 0.999}
+        shares = {slot: c.share(t0, now) for slot, c in self._cycled.items()}
+        scale = {slot: min(bound, 1.0 / max(share, 1e-9)) for slot, share in shares.items() if share < 0.999}
         per_pid: dict[int, list[tuple[ProbeSpec | None, int, float]]] = {}
         counts: dict[tuple[int, int], int] = {}
         for e in entries:
             counts[(e.pid, e.probe_id)] = counts.get((e.pid, e.probe_id), 0) + e.count
-        blind = any(c.share(t0, now) * window < 0.05 for c in self._cycled.values())
+        blind = any(share * window < 0.05 for share in shares.values())
         for (pid, slot), n in counts.items():
             gained = n - self._last_counts.get((pid, slot), 0)
             if gained > 0 and window > 0:
