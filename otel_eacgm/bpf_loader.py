@@ -60,12 +60,12 @@ class SymbolMissing(BpfError):
 class Sampling:
     """Run-time knobs of calls.bpf.c: which calls become spans (struct sample_conf)."""
 
-    ratio: float = 1.0          # share of time slices whose calls are sent as spans
-    slow_s: float = 0.1         # calls at least this long are always sent
-    slice_s: float = 1.0        # one thread's time slice: the unit of sampling
-    resample_s: float = 10.0    # calls entered this long after their parent are decided afresh
-    salt: int = 0
-    statistics: bool = True     # aggregate call statistics in the kernel
+    ratio: float        # share of time slices whose calls are sent as spans
+    slow_s: float       # calls at least this long are always sent
+    slice_s: float      # one thread's time slice: the unit of sampling
+    resample_s: float   # calls entered this long after their parent are decided afresh
+    salt: int
+    statistics: bool    # aggregate call statistics in the kernel
 
 
 @dataclasses.dataclass(frozen=True)
