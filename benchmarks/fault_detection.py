@@ -8,40 +8,39 @@ contention, examples/faults/gpu_contention.py, started beside it and not traced)
 fresh process:
 
 1. ``clean-train`` (``--train-s``): the detector's training data;
-2. ``clean-heldout`` (``--clean-s``): false alarms;
+2. ``--clean-runs`` held-out clean runs (``--clean-s`` each; ``clean-heldout``, or
+   ``clean-heldout-1`` ... when more than one): false alarms;
 3. one run per fault (``--fault-s`` each): ``gpu-contention``, ``input-stall``,
    ``comm-slowdown``, ``memory-pressure``, ``straggler``. Faults strike every N steps, N chosen so
    that one strike falls about every ``--strike-interval-s`` (from clean-train's median step).
+   ``--faults ''`` records clean runs only. ``--budget-s`` starts no run that would end past it.
 
 A run's measured span starts at the first window boundary after ``--warmup-steps`` steps and
 ends at the last whole window. Each run's telemetry in that span (the workload's spans, and
 the agent's metrics that are not about another process) is written as recorded OTLP/JSON lines,
 what `otel-eacgm detector fit|score` read: ``OUT/runs/<run>.spans.jsonl`` and
-``<run>.metrics.jsonl``. Those are two detector entities (the traced process; the agent, whose
-resource carries every metric), so, as `detector serve` gives each entity its own model, one
-model per kind is fitted on clean-train (``window_s`` ``--window-s``) and every other run is
-scored through the detector's own replay: the same windowing, features, scoring and
-attribution as ``detector serve``. Per fault: detected or not, windows from the first measured window to the
-first anomalous one, the top features named for it and whether their layer matches the fault;
-false alarms per hour on clean-heldout. Results: ``OUT/fault_detection.json``, ``.md``
-(printed), per-window scores ``OUT/scores/<run>.csv``, the models ``OUT/model-{spans,metrics}.npz``,
-the run timeline ``OUT/runs.json``; ``--analyse-only`` refits and rescores those files anywhere.
+``<run>.metrics.jsonl``, with the timeline in ``OUT/runs.json`` and the logs in ``OUT/logs``.
+``--record-only`` stops there. The analysis (``fault_analysis.py``) fits one model per entity
+kind on clean-train and scores every other run through the detector's own replay; results:
+``OUT/fault_detection.json``, ``.md`` (printed), per-window scores ``OUT/scores/<run>.csv``, the
+models ``OUT/model-{spans,metrics}.npz`` and ``OUT/example_anomaly.json`` (one anomaly as the
+detector would send it). ``--analyse-only`` analyses recorded folders anywhere, ``--merge``
+adds the runs of other folders (the model still fitted on ``--out``'s clean-train), and
+``--bundle FILE.tar.gz`` packs ``--out`` into one archive (in parts of ``--bundle-part-mib``)
+that comes back from a device command, whose ``$OUT`` returns at most 8 files of 16 MiB.
 
     sudo $P benchmarks/fault_detection.py --quick --out results/faults          # H200, ~5 min
     sudo $P benchmarks/fault_detection.py --out results/faults                  # ~9 min
-    sudo .venv/bin/python benchmarks/fault_detection.py --quick --out /tmp/fd --device cpu \\
-        --train-args "--dim 64 --layers 2 --batch 4 --seq 32"
+    sudo $P benchmarks/fault_detection.py --record-only --faults '' --clean-runs 4 --train-s 60 \\
+        --budget-s 480 --out /tmp/fdc1 --bundle $OUT/fdc1.tar.gz                # clean runs only
+    $P benchmarks/fault_detection.py --analyse-only --out fd1 --merge fdc1 fdc2
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
-import importlib.util
 import json
-import math
 import os
-import platform
 import re
 import shlex
 import signal
@@ -59,21 +58,13 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest  # noqa: E402
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest  # noqa: E402
 
-from agent_session import Agent, markdown_table, wait_gone  # noqa: E402
+from agent_session import Agent, wait_gone  # noqa: E402
+from fault_analysis import analyse, detector_modules, load_recordings  # noqa: E402
 from otel_eacgm.otlp_store import attrs, serve  # noqa: E402
+from run_bundle import MAX_FILES, write_bundle  # noqa: E402
 
-KINDS = ("spans", "metrics")  # the two detector entities of a run: the traced process, the agent
 FAULTS = ("gpu-contention", "input-stall", "comm-slowdown", "memory-pressure", "straggler")
 GPU_TRAIN_ARGS = "--dim 1024 --layers 4 --batch 32 --seq 512"
-LAYERS = ("cuda.runtime", "cuda.driver", "nccl", "torch", "python")
-# Where each fault should show: the layers (or metric families) a right attribution names.
-EXPECTED = {
-    "gpu-contention": {"cuda.driver", "cuda.runtime", "torch", "gpu", "calls"},
-    "input-stall": {"cuda.driver", "cuda.runtime", "torch", "gpu", "calls"},
-    "comm-slowdown": {"nccl"},
-    "memory-pressure": {"memory"},
-    "straggler": {"cuda.driver", "cuda.runtime", "torch", "gpu", "calls"},
-}  # "calls": the call statistics metrics (eacgm.call*), which aggregate every layer
 STEP_RE = re.compile(r"^step (\d+) loss \S+ ([\d.]+) ms(.*)$")
 LAUNCHER = """
 import json, os, signal, subprocess, sys
@@ -87,53 +78,10 @@ for line in sys.stdin:
 """
 
 
-def detector_modules():
-    """eacgm_detector as installed, else loaded from detector/ (a PYTHONPATH-only checkout)."""
-    try:
-        import eacgm_detector  # noqa: F401, PLC0415
-    except ImportError:
-        spec = importlib.util.spec_from_file_location("eacgm_detector", REPO / "detector/__init__.py",
-                                                      submodule_search_locations=[str(REPO / "detector")])
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["eacgm_detector"] = module
-        spec.loader.exec_module(module)
-    from eacgm_detector.config import DetectorConfig  # noqa: PLC0415
-    from eacgm_detector.online import fit_rows  # noqa: PLC0415
-    from eacgm_detector.persist import save_model  # noqa: PLC0415
-    from eacgm_detector.records import entity_label  # noqa: PLC0415
-    from eacgm_detector.replay import score_otlp, windows_from_otlp  # noqa: PLC0415
-    return DetectorConfig, fit_rows, save_model, entity_label, score_otlp, windows_from_otlp
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def feature_layer(name: str) -> str:
-    """The layer or metric family a detector feature belongs to (span.<layer>.<fn>..., metric.<name>...)."""
-    if name.startswith("span."):
-        rest = name[len("span."):]
-        layer = next((lay for lay in LAYERS if rest.startswith(lay + ".")), rest.split(".", 1)[0])
-        fn = rest[len(layer) + 1:]
-        return "memory" if re.search(r"Mem(Alloc|Free)|[Mm]alloc|[Ff]ree\b|empty_cache", fn) else layer
-    if name.startswith("metric."):
-        metric = name[len("metric."):]
-        if "memory" in metric:
-            return "memory"
-        if metric.startswith("hw."):
-            return "gpu"
-        if metric.startswith("nccl."):
-            return "nccl"
-        if metric.startswith("system.network") or "retrans" in metric:
-            return "network"
-        if metric.startswith("eacgm.call"):
-            return "calls"
-        if metric.startswith("eacgm.agent"):
-            return "agent"
-        return metric.split(".", 1)[0]
-    return "other"
 
 
 def write_run(store, stem: Path, pid: int, agent_pid: int, lo: int, hi: int) -> dict:
@@ -269,17 +217,20 @@ def one_run(name: str, fault: str | None, seconds: float, every: int | None, arg
             "faulty_steps": sum(s[2] for s in steps), "hog_pid": hog.pid if hog else None}
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
+    """The command line, checked; run lengths and model flags resolved for recording."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--quick", action="store_true", help="60 s training, 30 s clean, 24 s per fault (~5 min; full: 150, 90, 36 s, ~9 min)")
     ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda if the workload's torch sees a GPU)")
     ap.add_argument("--python", default=sys.executable, help="interpreter of the workload")
     ap.add_argument("--train-args", help=f"model flags for examples/train.py (default on CUDA: {GPU_TRAIN_ARGS!r})")
-    ap.add_argument("--faults", default=",".join(FAULTS))
-    ap.add_argument("--window-s", type=float, default=2.0)
+    ap.add_argument("--faults", default=",".join(FAULTS), help="comma-separated; '' records clean runs only")
+    ap.add_argument("--window-s", type=float, default=None, help="detector window, s (default 2; analysis: as recorded)")
     ap.add_argument("--train-s", type=float, help="clean training run, s (quick 60, full 150)")
-    ap.add_argument("--clean-s", type=float, help="held-out clean run, s (quick 30, full 90)")
+    ap.add_argument("--clean-s", type=float, help="each held-out clean run, s (quick 30, full 90)")
+    ap.add_argument("--clean-runs", type=int, default=1,
+                    help="held-out clean runs, each a fresh process of --clean-s (default 1)")
     ap.add_argument("--fault-s", type=float, help="each fault run, s (quick 24, full 36)")
     ap.add_argument("--strike-interval-s", type=float, default=1.0, help="a fault strikes about this often")
     ap.add_argument("--warmup-steps", type=int, default=5, help="steps before a run's first measured window")
@@ -289,11 +240,42 @@ def main() -> None:
     ap.add_argument("--agent-env", action="append", default=[], metavar="KEY=VALUE",
                     help="extra agent setting, e.g. OTEL_EACGM_SPAN_SAMPLE_RATIO=1 (repeatable)")
     ap.add_argument("--start-timeout", type=float, default=300)
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="start no run that would end later than this many seconds after the start (a device "
+                         "command's limit, less the writing, analysis, bundle and probe release after the runs)")
+    ap.add_argument("--record-only", action="store_true",
+                    help="record the runs (runs/, runs.json, logs/) and stop: no model, no scores")
     ap.add_argument("--analyse-only", action="store_true",
-                    help="refit and rescore the runs already recorded in --out (no agent, no workload)")
+                    help="fit and score the runs already recorded in --out (no agent, no workload)")
+    ap.add_argument("--merge", type=Path, nargs="+", default=[], metavar="DIR",
+                    help="with --analyse-only: also score the runs recorded in these folders (their clean runs, "
+                         "clean-train too, count as held-out); the model is fitted on --out's clean-train")
+    ap.add_argument("--bundle", type=Path, metavar="FILE.tar.gz",
+                    help="at the end, pack --out (recordings, runs.json, logs, results) into this archive, cut "
+                         "into FILE.000, FILE.001, ... past --bundle-part-mib")
+    ap.add_argument("--bundle-part-mib", type=float, default=15, help="largest bundle file, MiB (default 15)")
     ap.add_argument("--release-timeout", type=float, default=90,
                     help="wait at the end for the agent's probe release (so a next benchmark starts clean), s")
     args = ap.parse_args()
+    if args.record_only and args.analyse_only:
+        raise SystemExit("--record-only and --analyse-only exclude each other; give one")
+    if args.merge and not args.analyse_only:
+        raise SystemExit(f"--merge {' '.join(map(str, args.merge))}: only with --analyse-only")
+    if args.clean_runs < 0:
+        raise SystemExit(f"--clean-runs {args.clean_runs}: expected >= 0")
+    if args.bundle_part_mib <= 0:
+        raise SystemExit(f"--bundle-part-mib {args.bundle_part_mib}: expected > 0")
+    args.faults = [f for f in args.faults.split(",") if f]
+    for f in args.faults:
+        if f not in FAULTS:
+            raise SystemExit(f"--faults: {f!r} unknown; expected some of {FAULTS}")
+    if args.analyse_only:
+        for folder in [args.out, *args.merge]:
+            if not (folder / "runs.json").is_file():
+                raise SystemExit(f"{folder}: no runs.json; give the folder a recording wrote (for a bundle, "
+                                 f"the folder it unpacks to: mkdir D && tar xzf FILE.tar.gz -C D, then D/<name>)")
+        return args
+    args.window_s = args.window_s or 2.0
     if args.device is None:
         probe = subprocess.run([args.python, "-c", "import torch; print(torch.cuda.is_available())"],
                                capture_output=True, text=True)
@@ -303,20 +285,14 @@ def main() -> None:
     args.train_s = args.train_s or (60 if args.quick else 150)
     args.clean_s = args.clean_s or (30 if args.quick else 90)
     args.fault_s = args.fault_s or (24 if args.quick else 36)
-    faults = [f for f in args.faults.split(",") if f]
-    for f in faults:
-        if f not in FAULTS:
-            raise SystemExit(f"--faults: {f!r} unknown; expected some of {FAULTS}")
-    if args.analyse_only:
-        meta = json.loads((args.out / "runs.json").read_text())
-        text, result = analyse(args, meta)
-        (args.out / "fault_detection.json").write_text(json.dumps(result, indent=1, default=str))
-        print(text)
-        return
-    detector_modules()  # fail before the runs, not after
-    for sub in ("logs", "runs", "scores"):
+    return args
+
+
+def record(args: argparse.Namespace, t_start: float) -> tuple[dict, int]:
+    """Run clean-train, the held-out clean runs and the faults under one agent; write each
+    run's recordings and ``runs.json``. Returns the run timeline and the agent's release pid."""
+    for sub in ("logs", "runs"):
         (args.out / sub).mkdir(parents=True, exist_ok=True)
-    t_start = time.monotonic()
     server, store, port = serve()
     launcher = Launcher()
     agent = Agent(["--pid", str(launcher.proc.pid), "--endpoint", f"http://127.0.0.1:{port}", "--insecure"],
@@ -328,109 +304,68 @@ def main() -> None:
     every = max(2, round(args.strike_interval_s / base_s))
     print(f"clean-train: {runs[0]['steps']} steps, median {runs[0]['step_ms_median']:.1f} ms; faults every {every} "
           f"steps", flush=True)
-    plan = [("clean-heldout", None, args.clean_s)] + [(f, f, args.fault_s) for f in faults]
+    clean = ["clean-heldout"] if args.clean_runs == 1 else [f"clean-heldout-{i}" for i in range(1, args.clean_runs + 1)]
+    plan = [(n, None, args.clean_s) for n in clean] + [(f, f, args.fault_s) for f in args.faults]
+    skipped = []
     for name, fault, seconds in plan:
+        # A run costs its measured span plus the start-up before it (the slowest seen so far).
+        need = time.monotonic() - t_start + seconds + max(r["start_s"] for r in runs)
+        if args.budget_s and need > args.budget_s:
+            skipped.append(name)
+            continue
         runs.append(one_run(name, fault, seconds, every, args, launcher))
         r = runs[-1]
         print(f"{name}: {r['steps']} steps, median {r['step_ms_median']} ms, p95 {r['step_ms_p95']} ms, "
               f"{r['faulty_steps']} faulty", flush=True)
+    if skipped:
+        print(f"--budget-s {args.budget_s:g}: not run {', '.join(skipped)}", flush=True)
     time.sleep(2 * float(args.metrics_interval_s) + 1)
     stop = agent.stop()
     launcher.close()
     server.stop(1)
     for r in runs:
         r.update(write_run(store, args.out / "runs" / r["name"], r["pid"], agent.pid, r["lo_ns"], r["hi_ns"]))
-    meta = {"runs": runs, "agent": stop, "agent_ready_s": agent.ready_s, "collect_wall_s": round(time.monotonic() - t_start, 1),
+    meta = {"runs": runs, "skipped": skipped, "agent": stop, "agent_ready_s": agent.ready_s,
+            "collect_wall_s": round(time.monotonic() - t_start, 1),
             "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}}
     (args.out / "runs.json").write_text(json.dumps(meta, indent=1, default=str))
-    text, result = analyse(args, meta)
-    release_s, released = wait_gone(stop["release_pid"], args.release_timeout)
-    result.update(release_wait_s=release_s, released=released, wall_s=round(time.monotonic() - t_start, 1))
-    (args.out / "fault_detection.json").write_text(json.dumps(result, indent=1, default=str))
-    print(text)
-    print(f"probe release {release_s:.0f} s ({'done' if released else 'NOT done'}); wall time {result['wall_s']} s; "
-          f"wrote {args.out}/fault_detection.json and fault_detection.md")
+    return meta, stop["release_pid"]
 
 
-def analyse(args: argparse.Namespace, meta: dict) -> tuple[str, dict]:
-    """Fit one model per entity kind on clean-train, score every other run; the report."""
-    DetectorConfig, fit_rows, save_model, entity_label, score_otlp, windows_from_otlp = detector_modules()
-    runs, w_ns = meta["runs"], int(args.window_s * 1e9)
-    cfg = DetectorConfig()
-    cfg.window_s = args.window_s
-    if args.covariance_type:
-        cfg.covariance_type = args.covariance_type
-    if args.threshold_risk:
-        cfg.threshold_risk = args.threshold_risk
-    cfg.validate()
-    runs_dir = args.out / "runs"
-    models, fits = {}, {}
-    for kind in KINDS:
-        rows = windows_from_otlp(runs_dir / f"clean-train.{kind}.jsonl", cfg)
-        if len(rows) < 10:
-            print(f"no {kind} model: clean-train has {len(rows)} {kind} windows (< 10)", file=sys.stderr)
-            continue
-        models[kind] = fit_rows(cfg, rows)
-        save_model(args.out / f"model-{kind}.npz", models[kind])
-        det = models[kind].detector
-        fits[kind] = {"windows": len(rows), "features": len(models[kind].feature_names),
-                      "components": int(det.n_components_), "threshold": round(float(det.threshold_), 3),
-                      "threshold_method": det.threshold_method_}
-        print(f"{kind} model: {fits[kind]}", flush=True)
-    results = []
-    for r in runs[1:]:
-        scored = []
-        for kind, model in models.items():
-            scored += [(kind, x) for x in score_otlp(runs_dir / f"{r['name']}.{kind}.jsonl", cfg, model)]
-        scored.sort(key=lambda kx: kx[1].start_ns)
-        with open(args.out / "scores" / f"{r['name']}.csv", "w", newline="") as fh:
-            w = csv.writer(fh)
-            w.writerow(["timestamp", "window_end", "model", "entity", "score", "anomaly", "top_features"])
-            for kind, x in scored:
-                w.writerow([x.start_ns, x.end_ns, kind, entity_label(x.entity), x.score, int(x.anomalous),
-                            ";".join(c.name for c in x.top)])
-        flagged = [(k, x) for k, x in scored if x.anomalous]
-        first_kind, first = flagged[0] if flagged else (None, None)
-        top = [(c.name, c.category, feature_layer(c.name)) for c in first.top] if first else []
-        expected = EXPECTED.get(r["fault"] or "", set())
-        per_kind = {k: {"scored": sum(1 for kk, _ in scored if kk == k), "anomalous": sum(1 for kk, _ in flagged if kk == k)}
-                    for k in models}
-        results.append(dict(r, scored_windows=len(scored), flagged_windows=len(flagged), per_model=per_kind,
-                            flagged_windows_any=len({x.start_ns for _, x in flagged}),
-                            detected=bool(flagged), windows_to_first=(first.start_ns - r["lo_ns"]) // w_ns + 1 if first else None,
-                            first_model=first_kind, first_entity=entity_label(first.entity) if first else None,
-                            first_score=first.score if first else None, top_features=top,
-                            layer_right=any(t[2] in expected for t in top) if first and expected else None))
-    clean = [x for x in results if x["fault"] is None]
-    clean_h = sum(x["windows"] * args.window_s for x in clean) / 3600
-    fa = {k: sum(x["per_model"][k]["anomalous"] for x in clean) for k in models}
-    fa_any = sum(x["flagged_windows_any"] for x in clean)
-    per_hour = {k: (v / clean_h if clean_h else None) for k, v in fa.items()}
-    table = [[x["name"], x["steps"], x["step_ms_median"], x["step_ms_p95"], x["fault_every"], x["spans"], x["points"],
-              " / ".join(f"{x['per_model'][k]['anomalous']} of {x['per_model'][k]['scored']}" for k in models),
-              "yes" if x["detected"] else "no", x["windows_to_first"], x["first_model"],
-              "; ".join(f"{n} ({c}, {lay})" for n, c, lay in x["top_features"]) or None,
-              ",".join(sorted(EXPECTED.get(x["fault"] or "", []))) or None, x["layer_right"]] for x in results]
-    header = ["run", "steps", "step ms median", "step ms p95", "fault every N steps", "spans", "metric points",
-              "anomalous windows (" + " / ".join(models) + ")", "detected", "windows to first anomaly", "model",
-              "top features of the first anomaly (category, layer)", "expected layer", "layer right"]
-    train, recorded = runs[0], meta["args"]
-    text = "\n".join([
-        f"# fault detection: device {recorded['device']}, examples/train.py {recorded['train_args']}, "
-        f"window {args.window_s} s, "
-        f"host {platform.node()} ({os.cpu_count()} CPUs)",
-        f"clean-train: {train['steps']} steps (median {train['step_ms_median']:.2f} ms), {train['spans']} spans, "
-        f"{train['points']} metric points; models: {fits}", "",
-        markdown_table(header, table), "",
-        f"false alarms on clean runs ({clean_h * 3600:.0f} s): " + ", ".join(
-            f"{k} model {fa[k]} windows = {per_hour[k]:.1f}/h" for k in models)
-        + f"; either model {fa_any} windows = {fa_any / clean_h if clean_h else math.nan:.1f}/h",
-        "windows to first anomaly: 1 = the run's first measured window (faults strike from the start)",
-        f"agent: {meta['agent']['done']}; stop {meta['agent']['stop_s']} s", ""])
-    (args.out / "fault_detection.md").write_text(text)
-    return text, {"fits": fits, "results": results, "false_alarms": fa, "false_alarms_per_hour": per_hour,
-                  "false_alarm_windows_any": fa_any, "clean_s": clean_h * 3600, **{k: meta[k] for k in ("agent", "agent_ready_s")},
-                  "args": meta["args"]}
+def main() -> None:
+    args = parse_args()
+    t_start = time.monotonic()
+    detector_modules()  # fail before the runs, not after
+    release_pid = None
+    if args.analyse_only:
+        meta, runs = load_recordings(args.out, args.merge)
+        args.window_s = args.window_s or meta["args"]["window_s"]
+    else:
+        meta, release_pid = record(args, t_start)
+        runs = load_recordings(args.out, [])[1]
+    result = {}
+    if not args.record_only:
+        text, result = analyse(args, meta, runs)
+        print(text)
+    if release_pid is not None:
+        release_s, released = wait_gone(release_pid, args.release_timeout)
+        result.update(release_wait_s=release_s, released=released)
+        print(f"probe release {release_s:.0f} s ({'done' if released else 'NOT done'})")
+    elif not args.analyse_only:
+        print("probe release: the agent left no release child")
+    result["wall_s"] = round(time.monotonic() - t_start, 1)
+    if not args.record_only:
+        (args.out / "fault_detection.json").write_text(json.dumps(result, indent=1, default=str))
+        print(f"wrote {args.out}/fault_detection.json, fault_detection.md, example_anomaly.json")
+    else:
+        print(f"recorded {len(meta['runs'])} runs in {args.out} (runs.json, runs/, logs/)")
+    if args.bundle:
+        files = write_bundle(args.out, args.bundle, int(args.bundle_part_mib * (1 << 20)))
+        size = sum(f.stat().st_size for f in files) / (1 << 20)
+        join = f"cat {args.bundle}.* | tar xz -C DIR" if len(files) > 1 else f"tar xzf {args.bundle} -C DIR"
+        print(f"bundle: {', '.join(map(str, files))} ({size:.1f} MiB); unpack: {join}"
+              + (f"; WARNING: {len(files)} files, a device command returns at most {MAX_FILES}" if len(files) > MAX_FILES else ""))
+    print(f"wall time {result['wall_s']} s")
 
 
 if __name__ == "__main__":

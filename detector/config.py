@@ -18,6 +18,7 @@ from pathlib import Path
 import yaml
 
 from eacgm_detector.context import DEFAULT_CONTEXT_WINDOWS, check_windows
+from eacgm_detector.features import DEFAULT_EXCLUDED_METRICS
 from eacgm_detector.model import COVARIANCE_TYPES, THRESHOLD_METHODS
 
 #: Environment variable that sets ``bearer_token`` (kept out of config files and command lines).
@@ -63,6 +64,9 @@ class DetectorConfig:
     max_entities: int = 1024
     max_functions: int = 32
     max_metrics: int = 64
+    #: Metric name prefixes that are no features: per-process constants and the agent's
+    #: self-telemetry (features.DEFAULT_EXCLUDED_METRICS says why); [] keeps every metric.
+    exclude_metrics: list[str] = field(default_factory=lambda: list(DEFAULT_EXCLUDED_METRICS))
     max_span_refs: int = 10000
     top_features: int = 3
     max_components: int = 8

@@ -13,6 +13,12 @@ Functions beyond ``max_functions`` per layer and metrics beyond ``max_metrics`` 
 ``other`` bucket, so a process calling thousands of distinct functions cannot grow the
 feature space. A missing count is a true zero (no calls); any other missing feature is NaN
 and the model imputes it, since "no gauge reported" is not "gauge read 0".
+
+Metrics named by ``exclude_metrics`` (prefixes; default :data:`DEFAULT_EXCLUDED_METRICS`) are
+no features at all. A model learns "normal" from the processes it was fitted on, so a value
+that is fixed for a process but differs between processes (which GPU it got, what the agent
+attached to it) would make every new process look anomalous while saying nothing about how
+the job runs; and the agent's self-telemetry describes the observer, not the job.
 """
 
 from __future__ import annotations
@@ -26,17 +32,24 @@ from eacgm_detector.windows import Window
 
 OTHER = "other"
 DEFAULT_SPLIT_ATTRIBUTES = ("network.io.direction", "direction")
+#: ``eacgm.agent.*``: the agent's own counters and gauges (probes attached, its overhead
+#: estimate of each traced process, probe duty cycles), set by the agent's decisions rather
+#: than by the job. ``hw.gpu.memory.limit``, ``eacgm.gpu.power.limit``: a device's capacity
+#: and configuration, an identity of the hardware a process landed on.
+DEFAULT_EXCLUDED_METRICS = ("eacgm.agent.", "hw.gpu.memory.limit", "eacgm.gpu.power.limit")
 
 
 class Vocabulary:
     """First-come, capped naming of functions and metric series for one entity."""
 
     def __init__(self, *, max_functions: int = 32, max_layers: int = 8, max_metrics: int = 64,
-                 split_attributes: tuple[str, ...] = DEFAULT_SPLIT_ATTRIBUTES) -> None:
+                 split_attributes: tuple[str, ...] = DEFAULT_SPLIT_ATTRIBUTES,
+                 exclude_metrics: tuple[str, ...] = DEFAULT_EXCLUDED_METRICS) -> None:
         self.max_functions = max_functions
         self.max_layers = max_layers
         self.max_metrics = max_metrics
         self.split_attributes = split_attributes
+        self.exclude_metrics = tuple(exclude_metrics)
         self._functions: dict[str, set[str]] = {}
         self._metrics: set[str] = set()
 
@@ -53,8 +66,11 @@ class Vocabulary:
             seen.add(function)
         return layer, function
 
-    def metric_key(self, p: MetricPoint) -> str:
-        """Series name: metric name plus split attribute value, or the ``other`` bucket."""
+    def metric_key(self, p: MetricPoint) -> str | None:
+        """Series name: metric name plus split attribute value, or the ``other`` bucket; None
+        for an excluded metric (which takes no place in the vocabulary either)."""
+        if p.name.startswith(self.exclude_metrics):
+            return None
         attrs = dict(p.series)
         split = next((attrs[a] for a in self.split_attributes if a in attrs), None)
         name = p.name if split is None else f"{p.name}.{split}"
@@ -79,16 +95,16 @@ def window_features(win: Window) -> dict[str, float]:
         if st.nccl_seconds > 0:
             out[f"{base}.log_bandwidth"] = math.log1p(st.nccl_bytes / st.nccl_seconds)
     for name, ms in win.metrics.items():
-        if not ms.values:
+        if not ms.has_data():
             continue
         if ms.kind == "gauge":
             out[f"metric.{name}.mean"] = float(np.mean(ms.values))
             out[f"metric.{name}.max"] = float(np.max(ms.values))
         else:
-            out[f"metric.{name}.rate"] = ms.increase / (ms.seconds if ms.kind == "cumulative" else seconds)
+            out[f"metric.{name}.rate"] = ms.rate(seconds)
     for name, ms in win.metrics.items():  # a histogram's mean over this window
         count = win.metrics.get(name.removesuffix(".sum") + ".count") if name.endswith(".sum") else None
-        if count is not None and count.values and ms.values and count.increase > 0:
+        if count is not None and count.has_data() and ms.has_data() and count.increase > 0:
             out[f"metric.{name.removesuffix('.sum')}.mean"] = ms.increase / count.increase
     return out
 

@@ -99,7 +99,8 @@ class EntityDetector:
 
     def __init__(self, entity: Entity, cfg: DetectorConfig, model: SavedModel | None = None) -> None:
         self.cfg = cfg
-        self.vocab = Vocabulary(max_functions=cfg.max_functions, max_metrics=cfg.max_metrics)
+        self.vocab = Vocabulary(max_functions=cfg.max_functions, max_metrics=cfg.max_metrics,
+                                exclude_metrics=tuple(cfg.exclude_metrics))
         self.windows = EntityWindows(
             entity, window_ns=int(cfg.window_s * 1e9), grace_ns=int(cfg.grace_s * 1e9),
             function_key=self.vocab.function_key, metric_key=self.vocab.metric_key,

@@ -86,7 +86,9 @@ class MetricPoint:
     counter: rate features). Histograms contribute two counters, ``<name>.count`` and
     ``<name>.sum``, whose increases in a window give the window's own mean (a cumulative
     histogram's sum/count is the mean since the process started, which says little about
-    this window and differs from one process to the next).
+    this window and differs from one process to the next). ``start_ns`` is a cumulative
+    point's start time (0 when unknown): a new one means the counter restarted, whatever
+    its value, so the windows can tell a restart from an increase.
     """
 
     entity: Entity
@@ -95,6 +97,7 @@ class MetricPoint:
     kind: str
     series: tuple
     value: float
+    start_ns: int = 0
 
 
 def spans_from_request(
@@ -155,16 +158,18 @@ def _points(entity: Entity, metric) -> Iterator[MetricPoint]:
         # A non-monotonic sum is an up-down level (memory in use), not a rate.
         kind = "gauge" if not metric.sum.is_monotonic else ("cumulative" if cum else "delta")
         for dp in metric.sum.data_points:
-            yield MetricPoint(entity, dp.time_unix_nano, metric.name, kind, _series(dp), _number(dp))
+            yield MetricPoint(entity, dp.time_unix_nano, metric.name, kind, _series(dp), _number(dp),
+                              dp.start_time_unix_nano)
     elif data in ("histogram", "exponential_histogram", "summary"):
         body = getattr(metric, data)
         cum = getattr(body, "aggregation_temporality", 2) == AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
         for dp in body.data_points:
             series = _series(dp)
             kind = "cumulative" if cum else "delta"
-            yield MetricPoint(entity, dp.time_unix_nano, metric.name + ".count", kind, series, float(dp.count))
+            start = dp.start_time_unix_nano
+            yield MetricPoint(entity, dp.time_unix_nano, metric.name + ".count", kind, series, float(dp.count), start)
             if math.isfinite(dp.sum):
-                yield MetricPoint(entity, dp.time_unix_nano, metric.name + ".sum", kind, series, float(dp.sum))
+                yield MetricPoint(entity, dp.time_unix_nano, metric.name + ".sum", kind, series, float(dp.sum), start)
 
 
 def points_from_request(

@@ -21,6 +21,10 @@ from eacgm_detector.records import Entity, MetricPoint, SpanRecord
 MAX_DURATIONS = 2048
 #: Slowest spans remembered per function, to name affected spans in anomaly events.
 SLOWEST_KEPT = 5
+#: A cumulative series silent this long (or 10 windows, if longer) is forgotten: processes come
+#: and go, and each leaves its series behind. Should it speak again, its next point is a new
+#: baseline, as for a new series.
+SERIES_IDLE_NS = 600 * 10**9
 
 
 @dataclass
@@ -57,14 +61,35 @@ class FunctionStats:
 
 @dataclass
 class MetricStats:
-    """Metric aggregates of one feature series in one window."""
+    """Metric aggregates of one feature series in one window.
+
+    A feature series can hold many OTLP series (one per process and function for the call
+    statistics), so cumulative increments are kept per OTLP series: the window's rate is
+    the sum of their rates. Dividing the summed increase by the summed seconds instead
+    would be the *mean* rate per series, which falls with every series that stopped
+    counting (functions a process called only while starting), a number that differs from
+    one process to the next.
+    """
 
     kind: str
+    #: Gauge levels; delta increments.
     values: list[float] = field(default_factory=list)
+    #: What the window's delta points or cumulative increments added, all series together.
     increase: float = 0.0
-    #: Seconds the cumulative increments span, so a window that saw one increment of two
-    #: (the counter's first point) still gives the right rate.
-    seconds: float = 0.0
+    #: Per cumulative OTLP series, [increase, seconds] of the increments placed here; the
+    #: seconds let a window that saw one increment of two (the series' first point) still
+    #: give the right rate.
+    increments: dict[tuple, list[float]] = field(default_factory=dict)
+
+    def has_data(self) -> bool:
+        """Whether the window holds a level or an increase of this series."""
+        return bool(self.values or self.increments)
+
+    def rate(self, window_s: float) -> float:
+        """Per second: delta increments over the window, cumulative ones per OTLP series."""
+        if self.kind == "delta":
+            return self.increase / window_s
+        return sum(inc / secs for inc, secs in self.increments.values())
 
 
 @dataclass
@@ -90,7 +115,7 @@ class EntityWindows:
     function_key : callable
         Maps (layer, function) to its bounded feature key (see ``features.Vocabulary``).
     metric_key : callable
-        Maps a metric point to its bounded feature series name.
+        Maps a metric point to its bounded feature series name, or None to leave it out.
     max_open : int
         Open windows kept at most; the oldest is closed early beyond it, so a burst of
         scattered timestamps cannot grow memory without bound.
@@ -110,8 +135,9 @@ class EntityWindows:
         self._open: dict[int, Window] = {}
         self._closed_before = -1
         self._newest = -1
-        self._last_cumulative: dict[tuple, tuple[int, float]] = {}
+        self._last_cumulative: dict[tuple, tuple[int, float, int]] = {}
         self.late = 0
+        self.excluded = 0
 
     def _window(self, t: int) -> Window | None:
         start = t - t % self.window_ns
@@ -142,11 +168,16 @@ class EntityWindows:
         return True
 
     def add_point(self, p: MetricPoint) -> bool:
-        """Add a metric point; False when late."""
+        """Add a metric point; False when late. A point of an excluded metric is accepted,
+        counted in ``excluded`` and goes no further: it opens no window and moves no
+        watermark, so an entity that sends only those produces no empty windows."""
+        name = self._metric_key(p)
+        if name is None:
+            self.excluded += 1
+            return True
         win = self._window(p.time_ns)
         if win is None:
             return False
-        name = self._metric_key(p)
         stats = win.metrics.get(name)
         if stats is not None and stats.kind != p.kind:
             # One feature, one kind: a gauge and a counter of the same name (or sharing the
@@ -162,17 +193,34 @@ class EntityWindows:
             stats.increase += p.value
             stats.values.append(p.value)
         else:
-            # Cumulative counters: the increase since the series' previous point, placed in
-            # the window of the newer point; a drop means the counter restarted.
-            key = (p.name, p.series)
-            prev = self._last_cumulative.get(key)
-            if prev is None or p.time_ns > prev[0]:
-                self._last_cumulative[key] = (p.time_ns, p.value)
-                if prev is not None:
-                    stats.increase += p.value - prev[1] if p.value >= prev[1] else p.value
-                    stats.seconds += (p.time_ns - prev[0]) / 1e9
-                    stats.values.append(p.value)
+            self._add_cumulative(stats, p)
         return True
+
+    def _add_cumulative(self, stats: MetricStats, p: MetricPoint) -> None:
+        """The increase since the series' previous point, placed in the window of the newer
+        point. A new process's series starts from its first point (a baseline: what it counted
+        before says nothing about this window), and so does a restart, a new start time or a
+        value that dropped, unless the point says it started after the previous one, when the
+        whole value is what it counted since. Either way no restart becomes a spike."""
+        key = (p.name, p.series)
+        prev = self._last_cumulative.get(key)
+        if prev is not None and p.time_ns <= prev[0]:
+            return  # a repeat or an older point: its increase is already counted
+        self._last_cumulative[key] = (p.time_ns, p.value, p.start_ns)
+        if prev is None:
+            return
+        prev_ns, prev_value, prev_start = prev
+        restarted = p.value < prev_value or bool(p.start_ns and prev_start and p.start_ns != prev_start)
+        if not restarted:
+            increase, since = p.value - prev_value, prev_ns
+        elif prev_ns <= p.start_ns < p.time_ns:
+            increase, since = p.value, p.start_ns
+        else:
+            return
+        part = stats.increments.setdefault(key, [0.0, 0.0])
+        part[0] += increase
+        part[1] += (p.time_ns - since) / 1e9
+        stats.increase += increase
 
     def ready(self) -> list[Window]:
         """Pop the windows the watermark has passed, oldest first."""
@@ -192,4 +240,7 @@ class EntityWindows:
         out = [self._open.pop(s) for s in starts]
         if out:
             self._closed_before = max(self._closed_before, out[-1].end_ns)
+            idle_before = self._closed_before - max(SERIES_IDLE_NS, 10 * self.window_ns)
+            for key in [k for k, (t, _, _) in self._last_cumulative.items() if t < idle_before]:
+                del self._last_cumulative[key]
         return out
