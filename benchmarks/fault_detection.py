@@ -31,8 +31,8 @@ that comes back from a device command, whose ``$OUT`` returns at most 8 files of
 
     sudo $P benchmarks/fault_detection.py --quick --out results/faults          # H200, ~5 min
     sudo $P benchmarks/fault_detection.py --out results/faults                  # ~9 min
-    sudo $P benchmarks/fault_detection.py --record-only --faults '' --clean-runs 4 --train-s 60 \\
-        --budget-s 480 --out /tmp/fdc1 --bundle $OUT/fdc1.tar.gz                # clean runs only
+    sudo $P benchmarks/fault_detection.py --record-only --faults '' --train-s 60 --clean-runs 2 \\
+        --clean-s 180 --budget-s 520 --out /tmp/fdc1 --bundle $OUT/fdc1.tar.gz  # clean runs only
     $P benchmarks/fault_detection.py --analyse-only --out fd1 --merge fdc1 fdc2
 """
 
