@@ -5,8 +5,8 @@
  * shared by all layers, so user space receives one completed-call record per call, already
  * parented (Python > torch op > CUDA runtime > driver), and never has to pair events.
  *
- * Each catalog row gets a probe slot N: the agent attaches entry_N / return_N and writes the
- * row's settings into probe_conf[N]. Knobs arrive as -D flags (see otel_eacgm/bpf_loader.py):
+ * Each catalog row gets a probe slot N: the agent attaches entry_N / return_N (or multi_probe
+ * with N in the cookie) and writes the row's settings into probe_conf[N]. Knobs arrive as -D flags (see otel_eacgm/bpf_loader.py):
  *   EACGM_PROBE_SLOTS    number of entry_N/return_N pairs compiled (multiple of 10, <= 320)
  *   EACGM_RINGBUF_PAGES  ring buffer size in pages (power of two)
  *   EACGM_FILTER_PIDS    trace only tgids present in `targets` (else every process)
@@ -836,6 +836,15 @@ static __always_inline int to_slot(struct pt_regs *ctx, __u32 n, int tail)
 	call->slot = n;
 	tails.call(ctx, tail);
 	return 0; /* not reached unless the common programs are missing */
+}
+
+/* With uprobe_multi links (kernel 6.6+, otel_eacgm/uprobe_multi.py) this one program serves
+ * every probe: each offset's cookie names its slot (low 32 bits) and the common program to run
+ * (high 32 bits, an eacgm_tail), so one link can hold any number of probes of one file. */
+int multi_probe(struct pt_regs *ctx)
+{
+	__u64 cookie = bpf_get_attach_cookie(ctx);
+	return to_slot(ctx, (__u32)cookie, (int)(cookie >> 32));
 }
 
 #define EACGM_PROBE_PAIR(n)                                                    \

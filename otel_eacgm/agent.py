@@ -27,7 +27,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otel_eacgm import __version__
 from otel_eacgm.attach import Attacher, TorchSelection
-from otel_eacgm.bpf_loader import CallProgram, ProgramOptions, Sampling
+from otel_eacgm.bpf_loader import POLL_BATCH, CallProgram, ProgramOptions, Sampling
 from otel_eacgm.clock import EpochClock
 from otel_eacgm.config import AgentConfig
 from otel_eacgm.decoders import DecodeContext
@@ -82,7 +82,8 @@ class Agent:
             rows = [(slot, dataclasses.replace(spec, has_return=True) if spec.role is Role.LAUNCH else spec)
                     for slot, spec in rows]
         self.rows = dict(rows)
-        self.program = CallProgram(ProgramOptions(filter_pids=filtering, gate_opens=gate, ringbuf_pages=cfg.ringbuf_pages),
+        self.program = CallProgram(ProgramOptions(filter_pids=filtering, gate_opens=gate, ringbuf_pages=cfg.ringbuf_pages,
+                                                  uprobe_multi=cfg.uprobe_multi),
                                    dump=print if dump_bpf else None)
         for slot, spec in rows:
             self.program.configure(slot, spec)
@@ -126,6 +127,10 @@ class Agent:
                                    hit_cost_s=cfg.probe_hit_cost_us * 1e-6, period_s=cfg.guardrail_period_s,
                                    min_duty=cfg.guardrail_min_duty, now=time.monotonic()) \
             if cfg.overhead_budget > 0 and self.call_stats is not None else None
+        # Half a metric interval keeps the exported counts fresh; the guardrail wants a first
+        # read sooner, so that a launch-bound job is throttled within a second or two.
+        self._stats_every = self.cfg.metrics_interval_s / 2 if self.guardrail is None \
+            else min(self.cfg.metrics_interval_s / 2, self.cfg.guardrail_period_s / 2)
         self._register_metrics()
         self.host_metrics = start_host_metrics(
             self._meters, gpu=cfg.gpu_metrics and metered, network=cfg.network_metrics and metered,
@@ -379,7 +384,7 @@ class Agent:
                 self._prune()
             cycling = self.guardrail is not None and self.guardrail.cycling
             if self.call_stats is not None and (period_done if cycling else now >= next_stats):
-                next_stats = now + self.cfg.metrics_interval_s / 2
+                next_stats = now + self._stats_every
                 self._read_call_stats(now)
             if self.cfg.stats_log_interval_s and now >= next_log:
                 next_log = now + self.cfg.stats_log_interval_s
@@ -391,7 +396,8 @@ class Agent:
     def _finish(self) -> int:
         # Drain what the kernel still holds (the child's last calls, its thread exits).
         for _ in range(3):
-            self.program.poll(50)
+            while self.program.poll(50) >= POLL_BATCH:
+                pass
         self.shaper.flush()
         if self.call_stats is not None:
             self._read_call_stats(time.monotonic())

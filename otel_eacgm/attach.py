@@ -7,7 +7,7 @@ import dataclasses
 import logging
 from collections.abc import Iterable, MutableMapping
 
-from otel_eacgm.bpf_loader import BpfError, CallProgram, SymbolMissing
+from otel_eacgm.bpf_loader import BpfError, CallProgram, Group, GroupKind, Probe, SymbolMissing, Tail
 from otel_eacgm.probes import python_usdt, torch_ops
 from otel_eacgm.probes.catalog import TORCH_SLOTS, Family, ProbeSpec, torch_spec
 from otel_eacgm.probes.elf import ElfError
@@ -38,6 +38,7 @@ class Attacher:
                  python: bool = False, python_pid_scoped: bool = True) -> None:
         self._program = program
         self._rows = list(rows)
+        self._rows_by_slot = dict(self._rows)
         self._files: dict[tuple[int, int], str] = {}
         self.missing: dict[str, list[str]] = {}
         self.failed: dict[str, list[str]] = {}
@@ -70,15 +71,25 @@ class Attacher:
         self._files[lib.file_key] = lib.path
         before = self._program.probe_count
         missing, failed = [], []
+        calls: list[Probe] = []
+        launches: list[Probe] = []
         for slot, spec in self._rows:
             if spec.family is not lib.family:
                 continue
             try:
-                self._program.attach(lib.path, spec, slot)
+                offset = self._program.resolve(lib.path, spec.symbol)
             except SymbolMissing:
                 missing.append(spec.symbol)
+                continue
+            if spec.has_return:
+                calls += [Probe(offset, Tail.ENTRY, slot), Probe(offset, Tail.RETURN, slot, retprobe=True)]
+            else:  # entry-only: the guardrail may cycle these
+                launches.append(Probe(offset, Tail.ENTRY, slot))
+        for kind, probes in ((GroupKind.CALLS, calls), (GroupKind.LAUNCH, launches)):
+            try:
+                self._program.attach(Group(kind, lib.path), probes, label=f"{lib.family.value} {kind.value} probes")
             except BpfError as exc:
-                failed.append(spec.symbol)
+                failed += sorted({self._rows_by_slot[p.slot].symbol for p in probes})
                 log.error("%s", exc)
         added = self._program.probe_count - before
         if missing:
@@ -122,19 +133,22 @@ class Attacher:
                      "(raise torch_max_ops, at most %d, or narrow torch_include)", lib.path,
                      len(chosen) + dropped, self._torch.max_ops, len(chosen), dropped, len(TORCH_SLOTS))
         before = self._program.probe_count
-        failed = []
+        failed, entries, exits = [], [], []
         for op in chosen:
             slot = self._slot_for(op)
             if slot is None:
                 failed.append(op.qualified)
                 continue
+            entries.append(Probe(op.file_offset, Tail.ENTRY, slot))
+            exits += [Probe(offset, Tail.RETURN, slot) for offset in op.exits]
+        # exits first: an entry seen without its exit probe would leave a frame open
+        for kind, probes in ((GroupKind.TORCH_EXIT, exits), (GroupKind.TORCH, entries)):
             try:
-                self._program.attach_offset(lib.path, op.file_offset, f"entry_{slot}", label=op.qualified)
-                for exit_offset in op.exits:
-                    self._program.attach_offset(lib.path, exit_offset, f"return_{slot}", label=op.qualified)
+                self._program.attach(Group(kind, lib.path), probes, label=f"torch {kind.value} probes")
             except BpfError as exc:
-                failed.append(op.qualified)
+                failed = [op.qualified for op in chosen]
                 log.error("%s", exc)
+                break
         if failed:
             self.failed[lib.path] = failed
         added = self._program.probe_count - before
@@ -170,10 +184,10 @@ class Attacher:
             return 0
         before = self._program.probe_count
         try:
-            self._program.attach_offset(lib.path, probes.entry_offset, "py_entry", pid=scope,
-                                        ref_ctr_offset=probes.entry_semaphore, label="python:function__entry")
-            self._program.attach_offset(lib.path, probes.return_offset, "py_return", pid=scope,
-                                        ref_ctr_offset=probes.return_semaphore, label="python:function__return")
+            self._program.attach(Group(GroupKind.PYTHON, lib.path, scope), [
+                Probe(probes.entry_offset, Tail.PY_ENTRY, ref_ctr_offset=probes.entry_semaphore),
+                Probe(probes.return_offset, Tail.PY_RETURN, ref_ctr_offset=probes.return_semaphore),
+            ], label="python:function__entry/function__return")
         except BpfError as exc:
             self.failed[lib.path] = ["python:function__entry"]
             log.error("%s", exc)

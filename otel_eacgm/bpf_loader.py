@@ -9,19 +9,24 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import enum
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from otel_eacgm import uprobe_multi
 from otel_eacgm.events import MAX_ARGS, MAX_DEPTH, PY_RULES, CallEvent, PyRule, Stat
 from otel_eacgm.probes.catalog import MAX_SLOTS, ProbeSpec
 
 log = logging.getLogger(__name__)
 
 BPF_DIR = Path(__file__).resolve().parent.parent / "bpf"
-_DETACHED_RELEASE_MIN = 8  # probes; fewer are released in the agent (see CallProgram._detach_uprobes)
+_DETACHED_RELEASE_MIN = 8  # probes or links; fewer are released in the agent (see CallProgram._release)
 
+
+#: Most ring-buffer records one poll consumes (about 0.1-0.2 s of the agent's Python).
+POLL_BATCH = 2048
 
 #: The name (comm) of the child that releases an exited agent's probes.
 RELEASER_NAME = "eacgm-release"
@@ -54,6 +59,51 @@ class BpfError(RuntimeError):
 
 class SymbolMissing(BpfError):
     """A catalog symbol is not in this library version (skipped, never fatal)."""
+
+
+class Tail(enum.IntEnum):
+    """calls.bpf.c's eacgm_tail: the common program a probe runs."""
+
+    ENTRY = 0
+    RETURN = 1
+    PY_ENTRY = 3
+    PY_RETURN = 4
+
+
+class GroupKind(str, enum.Enum):
+    """What a group of probes is, which says whether the guardrail may cycle it."""
+
+    CALLS = "calls"            # catalog rows with a return probe: entries and uretprobes
+    LAUNCH = "launch"          # entry-only catalog rows (kernel launches)
+    TORCH = "torch"            # operator entries
+    TORCH_EXIT = "torch.exit"  # operator returns (uprobes at their return instructions)
+    PYTHON = "python"          # CPython's function__entry/function__return USDT probes
+
+
+@dataclasses.dataclass(frozen=True)
+class Probe:
+    """One probe point of a file."""
+
+    offset: int
+    tail: Tail
+    slot: int = 0
+    retprobe: bool = False   # a uretprobe of the function at offset, not a uprobe there
+    ref_ctr_offset: int = 0  # file offset of a USDT semaphore (0: none)
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    """Probes of one file attached, detached and re-attached together."""
+
+    kind: GroupKind
+    path: str
+    pid: int = -1  # fire only in this process (-1: every process the filter admits)
+
+
+@dataclasses.dataclass
+class _Attached:
+    probes: tuple[Probe, ...]
+    handles: list[int | str] = dataclasses.field(default_factory=list)  # link fds, or perf event names
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +141,7 @@ class ProgramOptions:
     """Compile-time knobs of calls.bpf.c (see its header comment)."""
 
     filter_pids: bool
+    uprobe_multi: bool = True  # one uprobe_multi link per group where the kernel has them (6.6+)
     follow_forks: bool = True
     gate_opens: bool = False
     ringbuf_pages: int = 1024
@@ -142,16 +193,34 @@ class CallProgram:
             raise BpfError(
                 f"loading {src} failed: {exc}. Run `otel-eacgm doctor` (kernel headers, root, BPF)."
             ) from exc
-        self._attached: list[tuple[str, str, bool]] = []
-        self._entry_only: dict[int, list[str]] = {}  # slot -> libraries with its entry-only probe
+        self._groups: dict[Group, _Attached] = {}
+        self._polled = 0
         self._attach_offset_fn = None
+        self._multi_fd = -1
+        attach_type = -1
+        if options.uprobe_multi:
+            try:  # loaded first: the programs it tail-calls must be loaded with its attach type
+                fd = self._bpf.load_func(b"multi_probe", bcc.BPF.KPROBE, None, uprobe_multi.BPF_TRACE_UPROBE_MULTI).fd
+                if uprobe_multi.supported(fd):
+                    self._multi_fd, attach_type = fd, uprobe_multi.BPF_TRACE_UPROBE_MULTI
+                else:
+                    log.info("this kernel has no uprobe_multi links (6.6+): one perf event per probe")
+            except Exception as exc:  # BCC raises bare Exception when the verifier refuses a program
+                log.info("uprobe_multi links not usable (%s): one perf event per probe", exc)
         try:  # the slot programs tail-call the shared entry/return code
             tails = self._bpf["tails"]
             for index, fn_name in ((0, b"slot_entry"), (1, b"slot_return"), (2, b"unwind"), (3, b"py_entry"),
                                    (4, b"py_return")):
-                tails[ctypes.c_int(index)] = ctypes.c_int(self._bpf.load_func(fn_name, bcc.BPF.KPROBE).fd)
+                fn = self._bpf.load_func(fn_name, bcc.BPF.KPROBE, None, attach_type)
+                tails[ctypes.c_int(index)] = ctypes.c_int(fn.fd)
         except Exception as exc:  # BCC raises bare Exception when the verifier refuses a program
             raise BpfError(f"loading the shared probe programs of {src} failed: {exc}") from exc
+
+    @property
+    def multi_links(self) -> bool:
+        """Probes are attached as uprobe_multi links: a group detaches and re-attaches with one
+        kernel synchronisation, cheap enough for the guardrail to cycle operator probes."""
+        return self._multi_fd >= 0
 
     def configure(self, slot: int, spec: ProbeSpec) -> None:
         """Write a probe row's settings into probe_conf[slot]."""
@@ -225,71 +294,124 @@ class CallProgram:
             self._attach_offset_fn = proto(ctypes.cast(lib.bpf_attach_uprobe, ctypes.c_void_p).value)
         return self._attach_offset_fn
 
-    def attach_offset(self, path: str, offset: int, fn_name: str, *, retprobe: bool = False,
-                      ref_ctr_offset: int = 0, pid: int = -1, label: str = "") -> None:
-        """Attach `fn_name` at a file offset of `path` (a uprobe, or a uretprobe of the function there).
-
-        `ref_ctr_offset` is the file offset of a USDT semaphore (0: none). Raises BpfError.
-        """
-        fn = self._bpf.load_func(fn_name.encode(), self._bcc.BPF.KPROBE)
-        name = path.encode()
-        kind = b"r" if retprobe else b"p"
-        ev_name = self._bpf._get_uprobe_evname(kind, name, offset, pid)  # noqa: SLF001
-        fd = self._offset_attacher()(fn.fd, int(retprobe), ev_name, name, offset, pid, ref_ctr_offset)
-        if fd < 0:
-            raise BpfError(f"attaching {fn_name} to {label or hex(offset)} at {path}+{offset:#x} failed "
-                           f"(ref_ctr_offset {ref_ctr_offset:#x}); see the kernel log (dmesg)")
-        self._bpf._add_uprobe_fd(ev_name, fd)  # noqa: SLF001 - so that cleanup() detaches it
-        self._attached.append((path, label or hex(offset), False))
-
-    def attach(self, path: str, spec: ProbeSpec, slot: int) -> None:
-        """Attach entry_<slot> (and return_<slot>) to `spec.symbol` in the library at `path`.
-
-        Raises SymbolMissing when the library has no such symbol, BpfError otherwise.
-        """
-        name = path.encode()
-        sym = spec.symbol.encode()
+    def resolve(self, path: str, symbol: str) -> int:
+        """The file offset of `symbol` in the library at `path`; raises SymbolMissing."""
         try:
-            self._bpf.attach_uprobe(name=name, sym=sym, fn_name=f"entry_{slot}".encode())
-            if spec.has_return:
-                self._bpf.attach_uretprobe(name=name, sym=sym, fn_name=f"return_{slot}".encode())
-        except Exception as exc:
-            text = str(exc)
-            if "could not determine address of symbol" in text:
-                raise SymbolMissing(f"{spec.symbol} not in {path}") from None
-            raise BpfError(f"attaching {spec.symbol} in {path} failed: {text}") from exc
-        self._attached.append((path, spec.symbol, spec.has_return))
-        if not spec.has_return:
-            self._entry_only.setdefault(slot, []).append(path)
+            return int(self._bcc.BPF._check_path_symbol(path.encode(), symbol.encode(), None, -1)[1])  # noqa: SLF001
+        except Exception:  # BCC raises bare Exception for an unknown symbol
+            raise SymbolMissing(f"{symbol} not in {path}") from None
 
-    def detach_entries(self, slot: int, symbol: str) -> int:
-        """Detach an entry-only slot's probes from every library (the guardrail's off phase).
-        Entry-only: no return probe can be left waiting for a call entered before. Returns the
-        number of probes detached."""
-        n = 0
-        for path in self._entry_only.get(slot, []):
+    def attach(self, group: Group, probes: Sequence[Probe], *, label: str = "") -> None:
+        """Attach `probes` of `group.path` as (part of) `group`: all of them, or none and BpfError."""
+        if not probes:
+            return
+        entry = self._groups.setdefault(group, _Attached(()))
+        try:
+            entry.handles += self._attach_now(group, probes)
+            entry.probes += tuple(probes)
+        except BpfError as exc:
+            raise BpfError(f"{label or group.kind.value}: {exc}") from None
+
+    def _link(self, group: Group, probes: Sequence[Probe], retprobe: bool) -> int:
+        refs = tuple(p.ref_ctr_offset for p in probes)
+        return uprobe_multi.create(self._multi_fd, uprobe_multi.LinkSpec(
+            path=group.path, offsets=tuple(p.offset for p in probes),
+            cookies=tuple(uprobe_multi.cookie(p.slot, p.tail) for p in probes),
+            ref_ctr_offsets=refs if any(refs) else (), retprobe=retprobe, pid=group.pid))
+
+    def _attach_now(self, group: Group, probes: Sequence[Probe]) -> list[int | str]:
+        if self.multi_links:
+            handles: list[int | str] = []
+            for retprobe in (False, True):
+                part = [p for p in probes if p.retprobe == retprobe]
+                if not part:
+                    continue
+                try:
+                    handles.append(self._link(group, part, retprobe))
+                except uprobe_multi.LinkError as exc:
+                    if len(part) == 1:
+                        self._close_handles(handles)
+                        raise BpfError(f"{exc}; see the kernel log (dmesg)") from None
+                    handles += self._link_each(group, part, retprobe, exc)
+            return handles
+        names: list[int | str] = []
+        for p in probes:
             try:
-                self._bpf.detach_uprobe(name=path.encode(), sym=symbol.encode())
-                n += 1
-            except Exception as exc:  # BCC raises bare Exception; the probe stays attached
-                log.warning("detaching %s in %s failed: %s", symbol, path, exc)
+                names.append(self._attach_perf(group, p))
+            except BpfError:
+                self._close_handles(names)
+                raise
+        return names
+
+    def _link_each(self, group: Group, probes: Sequence[Probe], retprobe: bool, exc: OSError) -> list[int | str]:
+        # One refused offset refuses the whole link. The usual cause is another tool's uprobe on
+        # the same instruction registered with a different USDT semaphore offset (BCC 0.26's
+        # attach_uprobe passes an uninitialised one; dmesg: "ref_ctr_offset mismatch"): the
+        # kernel allows one per instruction. Link the probes one by one and give up only on those.
+        handles: list[int | str] = []
+        refused = []
+        for p in probes:
+            try:
+                handles.append(self._link(group, [p], retprobe))
+            except uprobe_multi.LinkError:
+                refused.append(p)
+        if len(refused) == len(probes):
+            raise BpfError(f"{exc}; see the kernel log (dmesg)")
+        log.warning("%s: %d of %d probes refused (%s; another tool's probe on the same instruction? see dmesg), "
+                    "the others attached one link each", group.path, len(refused), len(probes), exc.strerror)
+        return handles
+
+    def _attach_perf(self, group: Group, p: Probe) -> str:
+        fn_name = {Tail.ENTRY: f"entry_{p.slot}", Tail.RETURN: f"return_{p.slot}",
+                   Tail.PY_ENTRY: "py_entry", Tail.PY_RETURN: "py_return"}[p.tail]
+        fn = self._bpf.load_func(fn_name.encode(), self._bcc.BPF.KPROBE)
+        name = group.path.encode()
+        ev_name = self._bpf._get_uprobe_evname(b"r" if p.retprobe else b"p", name, p.offset, group.pid)  # noqa: SLF001
+        fd = self._offset_attacher()(fn.fd, int(p.retprobe), ev_name, name, p.offset, group.pid, p.ref_ctr_offset)
+        if fd < 0:
+            raise BpfError(f"attaching {fn_name} at {group.path}+{p.offset:#x} failed "
+                           f"(ref_ctr_offset {p.ref_ctr_offset:#x}); see the kernel log (dmesg)")
+        self._bpf._add_uprobe_fd(ev_name, fd)  # noqa: SLF001 - so that cleanup() detaches it
+        return ev_name.decode()
+
+    def _close_handles(self, handles: Sequence[int | str]) -> None:
+        for h in handles:
+            if isinstance(h, int):
+                os.close(h)  # waits for the kernel's one synchronisation of the link
+            else:
+                try:
+                    self._bpf.detach_uprobe_event(h.encode())
+                except Exception as exc:  # BCC raises bare Exception; the probe stays attached
+                    log.warning("detaching %s failed: %s", h, exc)
+
+    def detach(self, kind: GroupKind) -> int:
+        """Detach every group of `kind` (the guardrail's off phase); returns the probes detached.
+        A probe stops firing as soon as its breakpoint is removed, which comes first; the kernel's
+        synchronisation after it is what takes time (one per link, or one per perf probe)."""
+        n = 0
+        for group, entry in self._groups.items():
+            if group.kind is kind and entry.handles:
+                self._close_handles(entry.handles)
+                entry.handles = []
+                n += len(entry.probes)
         return n
 
-    def reattach_entries(self, slot: int, symbol: str) -> int:
-        """Attach again what detach_entries took off."""
+    def reattach(self, kind: GroupKind) -> int:
+        """Attach again what detach(kind) took off; returns the probes attached."""
         n = 0
-        for path in self._entry_only.get(slot, []):
-            try:
-                self._bpf.attach_uprobe(name=path.encode(), sym=symbol.encode(), fn_name=f"entry_{slot}".encode())
-                n += 1
-            except Exception as exc:  # BCC raises bare Exception
-                log.warning("re-attaching %s in %s failed: %s", symbol, path, exc)
+        for group, entry in self._groups.items():
+            if group.kind is kind and not entry.handles:
+                try:
+                    entry.handles = self._attach_now(group, entry.probes)
+                    n += len(entry.probes)
+                except BpfError as exc:
+                    log.warning("re-attaching %s probes of %s failed: %s", kind.value, group.path, exc)
         return n
 
     @property
     def probe_count(self) -> int:
-        """Uprobes plus uretprobes attached so far."""
-        return sum(2 if ret else 1 for _, _, ret in self._attached)
+        """Uprobes plus uretprobes attached so far (those the guardrail has detached for now included)."""
+        return sum(len(entry.probes) for entry in self._groups.values())
 
     def add_target(self, pid: int) -> None:
         """Trace this tgid (only meaningful when compiled with filter_pids)."""
@@ -305,13 +427,20 @@ class CallProgram:
 
         def _cb(_ctx: object, data: int, size: int) -> int:
             callback(data, size)
-            return 0
+            self._polled += 1
+            # libbpf consumes for as long as records keep coming: a producer faster than this
+            # consumer would hold the agent's loop (guardrail, scans, statistics) in one poll.
+            # A negative return ends the poll after this record; the rest wait for the next.
+            return -1 if self._polled >= POLL_BATCH else 0
 
         self._bpf["events"].open_ring_buffer(_cb)
 
-    def poll(self, timeout_ms: int) -> None:
-        """Wait up to timeout_ms for records and run the ring callback on each."""
+    def poll(self, timeout_ms: int) -> int:
+        """Wait up to timeout_ms for records and run the ring callback on each, at most
+        POLL_BATCH of them; returns how many."""
+        self._polled = 0
         self._bpf.ring_buffer_poll(timeout_ms)
+        return self._polled
 
     def stats(self) -> dict[Stat, int]:
         """The kernel-side counters (drops, overflows, unmatched returns)."""
@@ -349,22 +478,28 @@ class CallProgram:
 
     def close(self) -> None:
         """Detach everything and free the maps."""
-        self._detach_uprobes()
+        self._release()
         self._bpf.cleanup()
 
-    def _detach_uprobes(self) -> None:
-        # Releasing a uprobe waits in the kernel (~0.1 s each, serialised): the few hundred
-        # operator probes would hold the agent's exit for a minute. A forked child inherits the
-        # probe fds and releases them after the agent has exited; the agent's own copies close
-        # at once, since the child still holds the probes. Until the child is done (about
-        # 0.1 s per probe) the probes stay attached, with nobody reading their events.
+    def _release(self) -> None:
+        # Releasing a perf uprobe waits in the kernel (~0.1 s each, serialised), a uprobe_multi
+        # link once for all its probes: a few hundred perf probes would hold the agent's exit
+        # for a minute. A forked child inherits the probe and link fds and releases them after
+        # the agent has exited; the agent's own copies close at once, since the child still
+        # holds the probes. Until the child is done the probes stay attached, with nobody
+        # reading their events.
+        links = [h for entry in self._groups.values() for h in entry.handles if isinstance(h, int)]
+        probes = self.probe_count
         events = list(self._bpf.uprobe_fds.items())
-        if len(events) < _DETACHED_RELEASE_MIN:
+        held = [fd for _, fd in events] + links
+        if len(held) < _DETACHED_RELEASE_MIN:
+            self._close_handles(links)
+            self._groups.clear()
             return
         try:
             child = os.fork()
         except OSError as exc:
-            log.warning("releasing %d probes in the agent (fork failed: %s)", len(events), exc)
+            log.warning("releasing %d probes in the agent (fork failed: %s)", len(held), exc)
             return
         if child == 0:  # the releasing child: no Python cleanup, no output, no signal from the terminal
             try:
@@ -373,18 +508,20 @@ class CallProgram:
                 devnull = os.open(os.devnull, os.O_RDWR)
                 for fd in (0, 1, 2):
                     os.dup2(devnull, fd)
-                for _, fd in events:
+                for fd in held:
                     try:
                         os.close(fd)
                     except OSError:
                         pass
             finally:
                 os._exit(0)
-        for name, fd in events:
+        for fd in held:
             try:
                 os.close(fd)
             except OSError:
                 pass
+        for name, _ in events:
             self._bpf._del_uprobe_fd(name)  # noqa: SLF001 - closed above
-        log.info("%d probes are released by pid %d in the background (about %.0f s)", len(events), child,
-                 len(events) * 0.1)
+        self._groups.clear()
+        log.info("%d probes (%d links, %d perf events) are released by pid %d in the background",
+                 probes, len(links), len(events), child)

@@ -68,6 +68,9 @@ class AgentConfig:
     """Also probe launch returns (errors and CPU-side launch time, at about 1.5x the probe cost)."""
     ringbuf_pages: int = 1024
     """BPF ring buffer size in 4 KiB pages (power of two)."""
+    uprobe_multi: bool = True
+    """Attach probes as uprobe_multi links where the kernel has them (6.6+): attached and released
+    in one step per library; off: one perf event per probe (slow to release, no operator cycling)."""
     scan_interval_s: float = 2.0
     """Full /proc scan for newly mapped libraries (opens of watched libraries trigger a scan at once)."""
     gate_opens: bool | None = None
@@ -131,10 +134,10 @@ class AgentConfig:
     # overhead guardrail (otel_eacgm/guardrail.py)
     overhead_budget: float = 0.05
     """Probe time a traced process may spend, as a share of its wall time (0: no guardrail)."""
-    probe_hit_cost_us: float = 1.0
-    """Cost of one uprobe hit on this machine (benchmarks/probe_overhead.py measures it)."""
-    guardrail_period_s: float = 10.0
-    """Duty-cycle period of probes the guardrail throttles."""
+    probe_hit_cost_us: float = 1.5
+    """Cost of one uprobe hit inside a real job (H200: 0.74 us in a tight loop, 1.3 us in PyTorch steps; docs/design.md)."""
+    guardrail_period_s: float = 2.0
+    """Duty-cycle period of probes the guardrail throttles (longer when the duty is below 0.25 s / period)."""
     guardrail_min_duty: float = 0.05
     """A throttled probe stays attached at least this share of each period."""
     stats_log_interval_s: float = 30.0

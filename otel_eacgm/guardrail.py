@@ -1,24 +1,30 @@
 """Overhead guardrail: keep what the probes cost a traced process within a budget.
 
 Every probe hit traps the traced thread into the kernel (about 0.7 us on the H200 host, several
-on VMs), so a launch-bound loop pays for each kernel launch. The agent knows each probe's hit
-rate from the kernel's call statistics, and estimates a process' cost as the sum of its hits
-per second times ``probe_hit_cost_us``, a share of one thread's time (an upper bound for a
-process whose calls are spread over several threads). When that estimate exceeds
-``overhead_budget``, the entry-only probes (kernel launches: the calls that dominate
-launch-bound steps) are duty-cycled: attached for a share d of every ``guardrail_period_s``
-and detached for the rest, with d chosen to bring the estimate to the budget. A detached uprobe
-costs nothing; the BPF program that stays loaded costs nothing either.
+on VMs), so a launch-bound loop pays for each kernel launch and each traced operator. The agent
+knows each probe's hit rate from the kernel's call statistics, and estimates a process' cost as
+the sum of its hits per second times ``probe_hit_cost_us``, a share of one thread's time (an
+upper bound for a process whose calls are spread over several threads). When that estimate
+exceeds ``overhead_budget``, the cyclable probe groups are duty-cycled: attached for a share d
+of every ``guardrail_period_s`` and detached for the rest, with d chosen to bring the estimate
+to the budget. A detached uprobe costs nothing; the BPF program that stays loaded costs nothing
+either.
 
-Only entry-only probes are cycled: detaching a probe that has a return probe could leave a
-call entered before the detach without its return, and the thread's call stack off by one.
-When the other probes alone exceed the budget, the guardrail says so once and cycles the
-launches at their minimum share; turning layers off is then the user's choice.
+Two groups can be cycled. Kernel launches (entry-only catalog rows) always: no return probe
+can be left waiting for a call entered before the detach. PyTorch operators when the probes
+are uprobe_multi links (bpf_loader.CallProgram.multi_links), whose detach costs one kernel
+synchronisation instead of one per probe: their entries are detached first and their exit
+probes one agent tick later, and the exits are attached again before the entries, so a call is
+seen whole or not at all; a frame whose exit came during the gap is closed by the kernel's
+stack check as unwound. Probes with uretprobes (synchronisation, NCCL, allocations) and Python
+functions are never cycled. When they alone exceed the budget, the guardrail says so once and
+cycles the others at their minimum share; turning layers off is then the user's choice.
 
-While a probe is cycled its statistics are extrapolated: what it counted in a stats window is
-divided by the share of the window it was attached (the gauge ``eacgm.agent.probe.duty``
-names the probes concerned). For a steady loop this is unbiased; a workload whose rate changes
-within a period is estimated from the attached parts only.
+While a group is cycled its statistics are extrapolated: what a probe counted in a stats
+window is divided by the share of the window its group was attached (the gauge
+``eacgm.agent.probe.duty`` names the probes concerned). For a steady loop this is unbiased; a
+workload whose rate changes within a period is estimated from the attached parts only, and the
+error of a count is about its square root times the extrapolation factor (docs/design.md).
 """
 
 from __future__ import annotations
@@ -28,19 +34,33 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 
-from otel_eacgm.bpf_loader import CallProgram, CallStat, releases_running
-from otel_eacgm.probes.catalog import ProbeSpec
+from otel_eacgm.bpf_loader import CallProgram, CallStat, GroupKind, releases_running
+from otel_eacgm.probes.catalog import Layer, ProbeSpec
 
 log = logging.getLogger(__name__)
 
-MIN_ATTACHED_S = 1.0
+MAX_SLOWDOWN = 0.9  # the largest probe share of attached phases the extrapolation corrects for
+MIN_ATTACHED_S = 0.25  # s: an attached phase spans a few of the agent's 0.1 s ticks at least
+
+
+@dataclasses.dataclass(frozen=True)
+class _Unit:
+    """Probe groups cycled together: `entries`, and `exits` (detached one tick after them)."""
+
+    entries: GroupKind
+    exits: GroupKind | None = None
+
+
+_LAUNCHES = _Unit(GroupKind.LAUNCH)
+_OPERATORS = _Unit(GroupKind.TORCH, GroupKind.TORCH_EXIT)
 
 
 @dataclasses.dataclass
 class _Cycled:
-    """A throttled probe's attach history, to know its attached share of any window."""
+    """A throttled unit's attach history, to know its attached share of any window."""
 
     attached: bool = True
+    exits_attached: bool = True
     since: float = 0.0
     spans: list[tuple[float, float]] = dataclasses.field(default_factory=list)  # closed attached intervals
 
@@ -57,7 +77,7 @@ class _Cycled:
 
 
 class Guardrail:
-    """Estimates each process' probe cost and duty-cycles the launch probes past the budget."""
+    """Estimates each process' probe cost and duty-cycles launch and operator probes past the budget."""
 
     def __init__(self, program: CallProgram, rows: Mapping[int, ProbeSpec], *, budget: float, hit_cost_s: float,
                  period_s: float, min_duty: float, now: float) -> None:
@@ -71,31 +91,29 @@ class Guardrail:
         self._cycle_start = now
         self._last_observe = now
         self._last_counts: dict[tuple[int, int], int] = {}
-        self._cycled: dict[int, _Cycled] = {}
+        self._cycled: dict[_Unit, _Cycled] = {}
+        self._slots: dict[_Unit, set[int]] = {}  # slots seen hot in each cycled unit
         self.estimates: dict[int, float] = {}    # pid -> estimated cost share with every probe attached
         self._warned_fixed = False
         self._warned_release = False
 
     # --- measurement ----------------------------------------------------------------------
-    def observe(self, entries: Sequence[CallStat], now: float) -> dict[int, float]:
+    def observe(self, entries: Sequence[CallStat], now: float) -> dict[tuple[int, int], float]:
         """Take one read of the kernel's statistics: update the estimates and the duty, and
-        return per probe the factor that extrapolates this window's counts (1 / attached share)."""
+        return per (pid, probe) the factor that extrapolates this window's counts."""
         t0, self._last_observe = self._last_observe, now
         window = now - t0
-        # Never more than twice the duty's own factor: a window whose attached time was cut short
-        # (the agent stalled) must not multiply its counts without bound.
-        bound = 2.0 / max(self.duty, self.min_duty)
-        shares = {slot: c.share(t0, now) for slot, c in self._cycled.items()}
-        scale = {slot: min(bound, 1.0 / max(share, 1e-9)) for slot, share in shares.items() if share < 0.999}
-        per_pid: dict[int, list[tuple[ProbeSpec | None, int, float]]] = {}
+        shares = {unit: c.share(t0, now) for unit, c in self._cycled.items() if c.share(t0, now) < 0.999}
         counts: dict[tuple[int, int], int] = {}
         for e in entries:
             counts[(e.pid, e.probe_id)] = counts.get((e.pid, e.probe_id), 0) + e.count
+        gains = {key: n - self._last_counts.get(key, 0) for key, n in counts.items()}
+        scale = self._extrapolation(gains, shares, window)
         blind = any(share * window < 0.05 for share in shares.values())
-        for (pid, slot), n in counts.items():
-            gained = n - self._last_counts.get((pid, slot), 0)
+        per_pid: dict[int, list[tuple[ProbeSpec | None, int, float]]] = {}
+        for (pid, slot), gained in gains.items():
             if gained > 0 and window > 0:
-                rate = gained * scale.get(slot, 1.0) / window
+                rate = gained * scale.get((pid, slot), 1.0) / window
                 per_pid.setdefault(pid, []).append((self._rows.get(slot), slot, rate))
         self._last_counts = counts
         if window > 0 and not blind:  # a window the cycled probes barely saw tells nothing of their rate
@@ -109,38 +127,78 @@ class Guardrail:
             c.forget_before(now - 10 * max(self.period_s, window))
         return scale
 
+    def _extrapolation(self, gains: Mapping[tuple[int, int], int], shares: Mapping[_Unit, float],
+                       window: float) -> dict[tuple[int, int], float]:
+        """Per (pid, probe) of a cycled unit: calls made in the window / calls counted.
+
+        The probes slow a thread while attached, so its attached-phase rate r_a is below the
+        rate it runs at detached. For a thread kept busy by its calls (a launch-bound loop,
+        where the guardrail acts) the detached rate is r_a / (1 - c), c being the share of the
+        attached phases spent in probes, estimated from the hit rates; a thread mostly waiting
+        (GPU-bound) has a small c, and the correction with it. So the window's calls are
+        n (share + (1 - share) / (1 - c)) / share for n counted in its attached share."""
+        if not shares or window <= 0:
+            return {}
+        # Never more than twice the duty's own share: a window whose attached time was cut short
+        # (the agent stalled) must not multiply its counts without bound.
+        floor = {unit: max(share, 0.5 * max(self.duty, self.min_duty), 1e-9) for unit, share in shares.items()}
+        busy: dict[int, float] = {}  # pid -> c
+        for (pid, slot), gained in gains.items():
+            spec = self._rows.get(slot)
+            unit = self._unit_of(spec)
+            attached_s = window * floor[unit] if unit in floor else window
+            hits = 1 if spec is not None and not spec.has_return and not spec.exit_probes else 2
+            busy[pid] = busy.get(pid, 0.0) + max(gained, 0) / attached_s * hits * self.hit_cost_s
+        scale = {}
+        for pid, slot in gains:
+            unit = self._unit_of(self._rows.get(slot))
+            if unit in floor:
+                share, c = floor[unit], min(busy.get(pid, 0.0), MAX_SLOWDOWN)
+                scale[(pid, slot)] = (share + (1.0 - share) / (1.0 - c)) / share
+        return scale
+
+    def _unit_of(self, spec: ProbeSpec | None) -> _Unit | None:
+        if spec is None:
+            return None
+        if spec.layer is Layer.TORCH:
+            return _OPERATORS if self._program.multi_links else None
+        return _LAUNCHES if not spec.has_return and not spec.exit_probes else None
+
     def _decide(self, per_pid: dict[int, list[tuple[ProbeSpec | None, int, float]]]) -> None:
         worst_fixed = worst_cyclable = 0.0
         self.estimates = {}
-        hot: set[int] = set()
+        hot: dict[_Unit, set[int]] = {}
         for pid, probes in per_pid.items():
             fixed = cyclable = 0.0
             for spec, slot, rate in probes:
                 hits = 1 if spec is not None and not spec.has_return and not spec.exit_probes else 2
                 cost = rate * hits * self.hit_cost_s
-                if spec is not None and hits == 1:
+                unit = self._unit_of(spec)
+                if unit is not None:
                     cyclable += cost
-                    hot.add(slot)
+                    hot.setdefault(unit, set()).add(slot)
                 else:
                     fixed += cost
             self.estimates[pid] = fixed + cyclable
             if fixed + cyclable > worst_fixed + worst_cyclable:
                 worst_fixed, worst_cyclable = fixed, cyclable
+        for unit, slots in hot.items():
+            self._slots.setdefault(unit, set()).update(slots)
         if worst_fixed + worst_cyclable <= self.budget or not worst_cyclable:
             duty = 1.0
         else:
             duty = min(1.0, max(self.min_duty, (self.budget - worst_fixed) / worst_cyclable))
             if worst_fixed >= self.budget and not self._warned_fixed:
                 self._warned_fixed = True
-                log.warning("guardrail: probes other than launches alone cost %.1f%% of a traced thread (budget "
-                            "%.1f%%); launches cycled at their minimum share, turn layers off to go lower",
+                log.warning("guardrail: probes that cannot be cycled alone cost %.1f%% of a traced thread (budget "
+                            "%.1f%%); launches and operators cycled at their minimum share, turn layers off to go lower",
                             100 * worst_fixed, 100 * self.budget)
         if duty < 1.0 and self.duty < 1.0 and abs(duty - self.duty) < 0.2 * self.duty:
             return  # hysteresis: small changes of a throttled duty are not worth a log line
         if duty >= 1.0 and self.duty < 1.0 and worst_fixed + worst_cyclable > 0.8 * self.budget:
             return  # only back to full tracing with some margin
         if duty != self.duty:
-            names = ", ".join(sorted({self._rows[s].symbol for s in hot | set(self._cycled)}))
+            names = self._names(set(hot) | set(self._cycled))
             if duty < 1.0:
                 log.warning("guardrail: probes would cost %.1f%% of a traced thread (budget %.1f%%): %s attached "
                             "%.0f%% of each %g s, their statistics extrapolated", 100 * (worst_fixed + worst_cyclable),
@@ -148,9 +206,21 @@ class Guardrail:
             else:
                 log.info("guardrail: estimated probe cost %.1f%% is within the budget again: %s attached all the time",
                          100 * (worst_fixed + worst_cyclable), names)
+            if self.duty >= 1.0:  # the first period starts now, attached
+                self._cycle_start = self._last_observe
             self.duty = duty
-        for slot in hot:
-            self._cycled.setdefault(slot, _Cycled(since=self._last_observe))
+        for unit in hot:
+            self._cycled.setdefault(unit, _Cycled(since=self._last_observe))
+
+    def _names(self, units: set[_Unit]) -> str:
+        parts = []
+        for unit in sorted(units, key=lambda u: u.entries.value):
+            symbols = sorted({self._rows[s].symbol for s in self._slots.get(unit, ())})
+            if len(symbols) > 4:
+                parts.append(f"{len(symbols)} {unit.entries.value} probes ({', '.join(symbols[:3])}, ...)")
+            else:
+                parts.append(", ".join(symbols))
+        return "; ".join(parts)
 
     # --- the duty cycle -------------------------------------------------------------------
     @property
@@ -171,22 +241,27 @@ class Guardrail:
             self._cycle_start, want, boundary = now, True, True
         else:
             want = now < self._cycle_start + self.duty * period
-        for slot, c in self._cycled.items():
+        for unit, c in self._cycled.items():
             if c.attached == want:
+                if not want and c.exits_attached and unit.exits is not None:
+                    self._program.detach(unit.exits)  # one tick after the entries
+                    c.exits_attached = False
                 continue
-            symbol = self._rows[slot].symbol
             # A probe fires once its breakpoint is written and its program set, which attach
             # does last, and stops once the breakpoint is removed, which detach does first
             # (then it waits for the kernel).
             if want:
-                self._program.reattach_entries(slot, symbol)
+                if unit.exits is not None and not c.exits_attached:
+                    self._program.reattach(unit.exits)
+                    c.exits_attached = True
+                self._program.reattach(unit.entries)
                 c.since = time.monotonic()
             else:
                 c.spans.append((c.since, time.monotonic()))
-                self._program.detach_entries(slot, symbol)
+                self._program.detach(unit.entries)
             c.attached = want
         return boundary
 
     def duties(self) -> dict[str, float]:
         """Share of the time each cycled probe is attached (for the eacgm.agent.probe.duty gauge)."""
-        return {self._rows[slot].symbol: self.duty for slot in self._cycled}
+        return {self._rows[slot].symbol: self.duty for unit in self._cycled for slot in self._slots.get(unit, ())}

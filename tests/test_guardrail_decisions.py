@@ -6,27 +6,29 @@ import logging
 
 import pytest
 
-from otel_eacgm.bpf_loader import CallStat
+from otel_eacgm.bpf_loader import CallStat, GroupKind
 from otel_eacgm.events import BW_BUCKETS, DUR_BUCKETS
 from otel_eacgm.guardrail import MIN_ATTACHED_S, Guardrail
-from otel_eacgm.probes.catalog import CATALOG
+from otel_eacgm.probes.catalog import CATALOG, TORCH_SLOTS, torch_spec
 
 ROWS = dict(enumerate(CATALOG))
+ROWS[TORCH_SLOTS[0]] = torch_spec("add_", "Tensor")
 SLOT = {spec.symbol: slot for slot, spec in ROWS.items()}
 
 
 class FakeProgram:
     """Records the guardrail's detach/attach calls instead of touching the kernel."""
 
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, int]] = []
+    def __init__(self, multi_links: bool = True) -> None:
+        self.multi_links = multi_links
+        self.calls: list[tuple[str, GroupKind]] = []
 
-    def detach_entries(self, slot: int, _symbol: str) -> int:
-        self.calls.append(("detach", slot))
+    def detach(self, kind: GroupKind) -> int:
+        self.calls.append(("detach", kind))
         return 1
 
-    def reattach_entries(self, slot: int, _symbol: str) -> int:
-        self.calls.append(("attach", slot))
+    def reattach(self, kind: GroupKind) -> int:
+        self.calls.append(("attach", kind))
         return 1
 
 
@@ -40,8 +42,8 @@ def stat(symbol: str, count: int, pid: int = 7) -> CallStat:
     return CallStat(pid, SLOT[symbol], 0, 0, count, 0, 0, 0, 0, 0, (0,) * DUR_BUCKETS, (0,) * BW_BUCKETS)
 
 
-def guardrail(budget: float = 0.05) -> tuple[Guardrail, FakeProgram]:
-    program = FakeProgram()
+def guardrail(budget: float = 0.05, multi_links: bool = True) -> tuple[Guardrail, FakeProgram]:
+    program = FakeProgram(multi_links)
     return Guardrail(program, ROWS, budget=budget, hit_cost_s=1e-6, period_s=10.0, min_duty=0.05, now=0.0), program  # type: ignore[arg-type]
 
 
@@ -59,22 +61,62 @@ def test_over_budget_launches_get_the_duty_that_meets_it() -> None:
     assert g.duty == pytest.approx((0.05 - 0.01) / 0.10)
     period = max(10.0, MIN_ATTACHED_S / g.duty)
     g.tick(1.0 + 0.5 * period)  # past the attached share of the first period: detached
-    assert program.calls == [("detach", SLOT["cuLaunchKernel"])]
+    assert program.calls == [("detach", GroupKind.LAUNCH)]
     assert g.tick(1.0 + period + 0.01) is True  # a new period: attached again, statistics due
-    assert program.calls[-1] == ("attach", SLOT["cuLaunchKernel"])
+    assert program.calls[-1] == ("attach", GroupKind.LAUNCH)
     assert g.duties() == {"cuLaunchKernel": pytest.approx(0.4)}
 
 
 def test_counts_of_a_cycled_probe_are_scaled_by_its_attached_share(monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = iter([6.0, 12.0])  # detach at 6 s, re-attach at 12 s (time.monotonic inside tick)
+    clock = iter([7.0, 12.0])  # detach at 7 s, re-attach at 12 s (time.monotonic inside tick)
     monkeypatch.setattr("otel_eacgm.guardrail.time.monotonic", lambda: next(clock))
     g, _ = guardrail()
-    g.observe([stat("cuLaunchKernel", 100_000)], 1.0)     # starts cycling (duty 0.5, period 10 s)
-    assert g.tick(6.0) is False    # past half of the first 10 s period: detached
+    g.observe([stat("cuLaunchKernel", 100_000)], 1.0)     # starts cycling (duty 0.5, period 10 s from now)
+    assert g.tick(7.0) is False    # past half of the first 10 s period: detached
     assert g.tick(12.0) is True    # the next period: attached again
     scale = g.observe([stat("cuLaunchKernel", 110_000)], 12.0)
-    # attached 1..6 s of the 11 s window
-    assert scale[SLOT["cuLaunchKernel"]] == pytest.approx(11 / 5)
+    # attached 1..7 s of the 11 s window; the probes took 0.2% of those 6 s, a negligible slowdown
+    assert scale[(7, SLOT["cuLaunchKernel"])] == pytest.approx(11 / 6, rel=1e-2)
+
+
+def test_a_thread_slowed_by_its_probes_is_extrapolated_at_its_detached_speed(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = iter([7.0, 12.0])
+    monkeypatch.setattr("otel_eacgm.guardrail.time.monotonic", lambda: next(clock))
+    g, _ = guardrail()
+    g.observe([stat("cuLaunchKernel", 100_000)], 1.0)
+    g.tick(7.0)
+    g.tick(12.0)
+    # 400k launches/s while attached (1..7 s): 40% of the thread's time in probes, so detached
+    # (7..12 s) it ran at 400k / 0.6 a second
+    scale = g.observe([stat("cuLaunchKernel", 100_000 + 6 * 400_000)], 12.0)
+    made = 6 * 400_000 + 5 * 400_000 / 0.6
+    assert scale[(7, SLOT["cuLaunchKernel"])] == pytest.approx(made / (6 * 400_000))
+
+
+def test_operators_are_cycled_entries_first_and_exits_a_tick_later() -> None:
+    g, program = guardrail()
+    # add_ 50k/s x 2 hits (10%) and launches 50k/s (5%): both cyclable, duty 0.05 / 0.15
+    g.observe([stat("add_", 50_000), stat("cuLaunchKernel", 50_000)], 1.0)
+    assert g.duty == pytest.approx(1 / 3)
+    period = max(10.0, MIN_ATTACHED_S / g.duty)
+    g.tick(1.0 + 0.6 * period)
+    assert sorted(program.calls) == [("detach", GroupKind.LAUNCH), ("detach", GroupKind.TORCH)]
+    g.tick(1.0 + 0.61 * period)  # the next tick: the operators' exits follow
+    assert program.calls[-1] == ("detach", GroupKind.TORCH_EXIT) and len(program.calls) == 3
+    g.tick(1.0 + 0.62 * period)
+    assert len(program.calls) == 3
+    g.tick(1.0 + period + 0.01)  # attached again: exits before entries
+    again = program.calls[3:]
+    assert again.index(("attach", GroupKind.TORCH_EXIT)) < again.index(("attach", GroupKind.TORCH))
+    assert set(g.duties()) == {"add_", "cuLaunchKernel"}
+
+
+def test_operators_are_not_cycled_without_multi_links() -> None:
+    g, _ = guardrail(multi_links=False)
+    # the same load: only the launches can be cycled, and the operators are a fixed 10%
+    g.observe([stat("add_", 50_000), stat("cuLaunchKernel", 50_000)], 1.0)
+    assert g.duty == 0.05
+    assert set(g.duties()) == {"cuLaunchKernel"}
 
 
 def test_probes_that_cannot_be_cycled_over_budget_are_reported_once(caplog: pytest.LogCaptureFixture) -> None:

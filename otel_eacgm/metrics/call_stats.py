@@ -118,17 +118,17 @@ class CallStatistics:
         self._series(self._errors, labels + (("error.type", "eacgm.thread_exited"),)).count += 1
 
     # --- folding the kernel's entries -----------------------------------------------------
-    def update(self, entries: Sequence[CallStat], scale: Mapping[int, float] | None = None) -> None:
+    def update(self, entries: Sequence[CallStat], scale: Mapping[tuple[int, int], float] | None = None) -> None:
         """Add what each entry gained since the last update, then rebuild the snapshot.
-        `scale`: per probe, the factor extrapolating this window's gains (the guardrail's
-        duty-cycled probes counted only while attached)."""
+        `scale`: per (pid, probe), the factor extrapolating this window's gains (the
+        guardrail's duty-cycled probes counted only while attached)."""
         for e in entries:
             ident = (e.pid, e.probe_id, e.status, e.key)
             before = self._last.get(ident)
             self._last[ident] = e
             if before is not None and before.count == e.count:
                 continue
-            self._fold(e, before, (scale or {}).get(e.probe_id, 1.0))
+            self._fold(e, before, (scale or {}).get((e.pid, e.probe_id), 1.0))
         self._rebuild()
 
     def forget(self, pid: int) -> None:

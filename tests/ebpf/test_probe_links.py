@@ -1,0 +1,72 @@
+"""Probe groups on real uprobes, both ways the agent attaches them: uprobe_multi links (kernel
+6.6+) and one perf event per probe. A detached group stops counting, a re-attached one counts
+again, and an agent forced onto perf events still captures every call."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+
+import pytest
+
+from agent_run import WORKLOAD, run_traced, summary
+from otel_eacgm.bpf_loader import CallProgram, Group, GroupKind, Probe, ProgramOptions, Sampling, Tail
+from otel_eacgm.probes.catalog import CATALOG
+
+pytestmark = pytest.mark.ebpf
+
+LAUNCH_SLOT = next(i for i, s in enumerate(CATALOG) if s.symbol == "cudaLaunchKernel")
+N = 40
+
+
+def kernel_has_uprobe_multi() -> bool:
+    major, minor = (int(x) for x in platform.release().split(".")[:2])
+    return (major, minor) >= (6, 6)
+
+
+def launches(n: int) -> int:
+    """Run the ctypes workload making n cudaLaunchKernel calls; returns its pid."""
+    out = subprocess.run([sys.executable, WORKLOAD, json.dumps([["cudaLaunchKernel", n]])], capture_output=True,
+                         text=True, check=True, timeout=60).stdout
+    return json.loads(out.splitlines()[-1])["tid"]
+
+
+@pytest.mark.parametrize("multi", [True, False], ids=["uprobe_multi", "perf_events"])
+def test_a_detached_group_stops_counting_and_counts_again_once_reattached(multi: bool) -> None:
+    program = CallProgram(ProgramOptions(filter_pids=False, uprobe_multi=multi))
+    try:
+        assert program.multi_links == (multi and kernel_has_uprobe_multi())
+        program.configure(LAUNCH_SLOT, CATALOG[LAUNCH_SLOT])
+        program.set_sampling(Sampling(ratio=0.0, slow_s=10.0, slice_s=1.0, resample_s=0.01, salt=1, statistics=True))
+        import nvidia.cu13  # noqa: PLC0415
+
+        lib = os.path.join(list(nvidia.cu13.__path__)[0], "lib", "libcudart.so.13")
+        offset = program.resolve(lib, "cudaLaunchKernel")
+        program.attach(Group(GroupKind.LAUNCH, lib), [Probe(offset, Tail.ENTRY, LAUNCH_SLOT)])
+        assert program.probe_count == 1
+
+        def counted(pid: int) -> int:
+            return sum(s.count for s in program.call_stats() if s.pid == pid and s.probe_id == LAUNCH_SLOT)
+
+        assert counted(launches(N)) == N
+        assert program.detach(GroupKind.LAUNCH) == 1
+        assert counted(launches(N)) == 0
+        assert program.reattach(GroupKind.LAUNCH) == 1
+        assert counted(launches(N)) == N
+    finally:
+        program.close()
+
+
+def test_an_agent_on_perf_events_captures_every_call(pipeline) -> None:  # noqa: ANN001
+    plan = [["cudaMalloc", 2], ["cudaLaunchKernel", 5], ["ncclAllReduce", 3]]
+    proc, calls = run_traced(pipeline.grpc_endpoint, plan, "--launch-layer", "cuda.runtime",
+                             env={"OTEL_EACGM_UPROBE_MULTI": "false", "OTEL_EACGM_LOG_LEVEL": "info"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert " (0 links, " in proc.stderr, proc.stderr[-2000:]  # its probes were released as perf events
+    assert summary(proc.stderr)["calls"] == len(calls) == 10
+    pid = calls[0]["tid"]
+    assert pipeline.store.wait_for(
+        lambda: len([s for s in pipeline.store.spans() if s["attributes"].get("process.pid") == pid]) >= 10, 30)
