@@ -370,7 +370,7 @@ class Agent:
             self._launch()
         next_scan = next_log = next_stats = time.monotonic()
         while not self._stop:
-            self.program.poll(100)
+            self.program.poll(10 if self.guardrail is not None and self.guardrail.exits_pending else 100)
             now = time.monotonic()
             self.shaper.tick(now)
             period_done = self.guardrail.tick(now) if self.guardrail is not None else False

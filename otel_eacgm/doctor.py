@@ -15,6 +15,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from otel_eacgm import uprobe_multi
 from otel_eacgm.probes.libraries import all_pids, family_of
 
 _CAP_SYS_ADMIN, _CAP_PERFMON, _CAP_BPF = 21, 38, 39
@@ -114,6 +115,26 @@ def check_uprobe() -> Check:
     return Check("uprobe", True, "compiled a BPF program and attached a uprobe to libc getpid")
 
 
+def check_probe_links() -> Check:
+    """uprobe_multi links (kernel 6.6+): probes attached and released in one step per library,
+    and PyTorch operator probes cyclable by the overhead guardrail."""
+    try:
+        from bcc import BPF  # type: ignore[import-not-found]
+
+        prog = BPF(text=b"int hit(void *ctx) { return 0; }")
+        try:
+            ok = uprobe_multi.supported(prog.load_func(b"hit", BPF.KPROBE, None,
+                                                       uprobe_multi.BPF_TRACE_UPROBE_MULTI).fd)
+        finally:
+            prog.cleanup()
+    except Exception as exc:  # BCC raises bare Exception
+        ok, why = False, f"loading a uprobe_multi program failed: {exc}"
+    else:
+        why = "uprobe_multi links work" if ok else f"kernel {platform.release()} has no uprobe_multi links (6.6+)"
+    return Check("probe links", ok, why, "without them each probe is a perf event: slow to release, and the "
+                 "guardrail cycles launch probes only", required=False)
+
+
 def check_nvml() -> Check:
     try:
         import pynvml
@@ -197,6 +218,7 @@ def run_checks() -> list[Check]:
                                  check_bcc)]
     if all(c.ok for c in checks if c.required):
         checks.append(check_uprobe())
+        checks.append(check_probe_links())
     checks.append(check_nvml())
     checks.append(_safe(check_python))
     checks.extend(check_libraries())

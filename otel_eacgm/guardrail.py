@@ -228,6 +228,12 @@ class Guardrail:
         """Probes are being duty-cycled: statistics should be read once per period."""
         return self.duty < 1.0
 
+    @property
+    def exits_pending(self) -> bool:
+        """Entries were detached and their exits follow at the next tick: that tick should come
+        soon (exit probes alone still cost hits), yet after the calls in flight have returned."""
+        return any(not c.attached and c.exits_attached and unit.exits is not None for unit, c in self._cycled.items())
+
     def tick(self, now: float) -> bool:
         """Attach or detach the cycled probes as the duty cycle wants; True when a new period
         began (while cycling, the statistics are read then, so that each window holds whole

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import platform
 import shutil
 import subprocess
 from pathlib import Path
@@ -20,6 +21,9 @@ def test_doctor_passes_where_ebpf_works() -> None:
     for required in ("privileges", "bpf syscall", "tracefs", "btf", "kernel headers", "bcc", "uprobe", "nvml",
                      "mapped libraries"):
         assert required in names
+    links = next(ln for ln in proc.stdout.splitlines() if "] probe links:" in ln)
+    major, minor = (int(x) for x in platform.release().split(".")[:2])
+    assert links.startswith("[ok") == ((major, minor) >= (6, 6)), links
     assert proc.stdout.rstrip().endswith("tracing: ready")
 
 

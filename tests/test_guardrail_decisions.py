@@ -101,8 +101,10 @@ def test_operators_are_cycled_entries_first_and_exits_a_tick_later() -> None:
     period = max(10.0, MIN_ATTACHED_S / g.duty)
     g.tick(1.0 + 0.6 * period)
     assert sorted(program.calls) == [("detach", GroupKind.LAUNCH), ("detach", GroupKind.TORCH)]
+    assert g.exits_pending  # the agent ticks again soon
     g.tick(1.0 + 0.61 * period)  # the next tick: the operators' exits follow
     assert program.calls[-1] == ("detach", GroupKind.TORCH_EXIT) and len(program.calls) == 3
+    assert not g.exits_pending
     g.tick(1.0 + 0.62 * period)
     assert len(program.calls) == 3
     g.tick(1.0 + period + 0.01)  # attached again: exits before entries
