@@ -152,11 +152,11 @@ def run_config(cfg: str, rnd: int, work: Workload, args: argparse.Namespace, end
             PENDING_RELEASES.append(attach["release_pid"])
             print(f"warning: probe release of round {rnd} {cfg} not done after {args.release_timeout:.0f} s; "
                   "the next blocks run beside leftover probes", file=sys.stderr)
+        attach["launches_counted"] = launch_total(store, agent.pid, work.proc.pid)  # before span_counts empties the store
         if cfg == "agent_full":
             span_counts(store, blocks)
         else:
             span_counts(store, [])
-        attach["launches_counted"] = launch_total(store, agent.pid, work.proc.pid)
         d = attach["done"]
         print(f"  round {rnd} {cfg}: ready {attach['ready_s']} s, calls={d.get('calls')} "
               f"dropped_ringbuf={d.get('dropped_ringbuf')} dropped_export={d.get('dropped_export')}, "

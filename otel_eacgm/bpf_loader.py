@@ -12,6 +12,8 @@ import dataclasses
 import enum
 import logging
 import os
+import queue
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -177,6 +179,35 @@ def import_bcc():  # noqa: ANN202 - bcc has no type information
     return bcc
 
 
+class _LinkCloser:
+    """Closes link fds on a thread of its own. Closing a link removes its breakpoints at once and
+    then waits for the kernel's synchronisation (tens of milliseconds, more on a busy host): the
+    guardrail detaches links every period, and the agent's loop, which drains the ring buffer,
+    must not wait for that."""
+
+    def __init__(self) -> None:
+        self._fds: queue.Queue[int] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="eacgm-link-closer", daemon=True)
+        self._thread.start()
+
+    def close(self, fd: int) -> None:
+        self._fds.put(fd)
+
+    def drain(self) -> None:
+        """Wait until every fd handed over is closed."""
+        self._fds.join()
+
+    def _run(self) -> None:
+        while True:
+            fd = self._fds.get()
+            try:
+                os.close(fd)
+            except OSError as exc:
+                log.warning("closing probe link fd %d failed: %s", fd, exc)
+            finally:
+                self._fds.task_done()
+
+
 class CallProgram:
     """calls.bpf.c loaded into the kernel."""
 
@@ -195,6 +226,7 @@ class CallProgram:
             ) from exc
         self._groups: dict[Group, _Attached] = {}
         self._polled = 0
+        self._closer = _LinkCloser()
         self._attach_offset_fn = None
         self._multi_fd = -1
         attach_type = -1
@@ -377,7 +409,7 @@ class CallProgram:
     def _close_handles(self, handles: Sequence[int | str]) -> None:
         for h in handles:
             if isinstance(h, int):
-                os.close(h)  # waits for the kernel's one synchronisation of the link
+                self._closer.close(h)
             else:
                 try:
                     self._bpf.detach_uprobe_event(h.encode())
@@ -482,6 +514,7 @@ class CallProgram:
         self._bpf.cleanup()
 
     def _release(self) -> None:
+        self._closer.drain()
         # Releasing a perf uprobe waits in the kernel (~0.1 s each, serialised), a uprobe_multi
         # link once for all its probes: a few hundred perf probes would hold the agent's exit
         # for a minute. A forked child inherits the probe and link fds and releases them after
@@ -494,6 +527,7 @@ class CallProgram:
         held = [fd for _, fd in events] + links
         if len(held) < _DETACHED_RELEASE_MIN:
             self._close_handles(links)
+            self._closer.drain()
             self._groups.clear()
             return
         try:
