@@ -134,8 +134,8 @@ class AgentConfig:
     # overhead guardrail (otel_eacgm/guardrail.py)
     overhead_budget: float = 0.05
     """Probe time a traced process may spend, as a share of its wall time (0: no guardrail)."""
-    probe_hit_cost_us: float = 1.5
-    """Cost of one uprobe hit inside a real job (H200: 0.74 us in a tight loop, 1.3 us in PyTorch steps; docs/design.md)."""
+    probe_hit_cost_us: float = 2.0
+    """Cost of one uprobe hit inside a real job (H200: 0.74 us in a tight loop, about 2 us inside PyTorch steps; docs/design.md)."""
     guardrail_period_s: float = 2.0
     """Duty-cycle period of probes the guardrail throttles (longer when the duty is below 0.25 s / period)."""
     guardrail_min_duty: float = 0.05
