@@ -56,6 +56,7 @@ CONFIGS = ("untraced", "agent_default", "agent_full", "profiler")
 WORKLOADS = ("gpt_gpu", "gpt_launch", "tiny", "infer")
 QUICK_BLOCK_S, FULL_BLOCK_S = 4.0, 8.0  # measured seconds per block (steps sized from the warm-up step time)
 MIN_STEPS = 10
+COUNT_EXPORT_S, COUNT_GAP_S = 1.0, 2.5  # agent_full's metric interval, and its idle gap between workloads
 TARGETS = {"gpt_gpu": 1.005, "gpt_launch": 1.15}  # issue 7, agent at default settings
 REFERENCE = ("issue 7 reference (H200): GPU-bound step 141 ms, torch.profiler 1.011x; "
              "launch-bound step 29 ms (~800 launches), torch.profiler 1.61x")
@@ -122,7 +123,8 @@ def run_config(cfg: str, rnd: int, work: Workload, args: argparse.Namespace, end
     if cfg.startswith("agent"):
         env = dict(kv.split("=", 1) for kv in args.agent_env)
         if cfg == "agent_full":  # every call a span, no guardrail: the raw cost of every probe
-            env.update(OTEL_EACGM_SPAN_SAMPLE_RATIO="1", OTEL_EACGM_OVERHEAD_BUDGET="0")
+            env.update(OTEL_EACGM_SPAN_SAMPLE_RATIO="1", OTEL_EACGM_OVERHEAD_BUDGET="0",
+                       OTEL_EACGM_METRICS_INTERVAL_S=str(COUNT_EXPORT_S))
         agent = Agent(["--pid", str(work.proc.pid), "--endpoint", endpoint, "--insecure", "--layers", args.layers],
                       args.out / f"agent-r{rnd}-{cfg}.log", env).start(args.agent_timeout)
         attach["ready_s"], attach["ready"] = round(agent.ready_s, 2), agent.ready_line.split(" ready: ", 1)[-1]
@@ -130,6 +132,8 @@ def run_config(cfg: str, rnd: int, work: Workload, args: argparse.Namespace, end
     blocks = []
     for name in args.workloads:
         leftover = [pid for pid in PENDING_RELEASES if os.path.exists(f"/proc/{pid}")]
+        if cfg == "agent_full":  # an idle gap holding one export of the call counts (see kernel_counts)
+            time.sleep(COUNT_GAP_S)
         settle = []
         if agent and args.settle_s > 0:  # a long job's steady state: the guardrail has reacted
             settle = work.block(name, max(1, round(args.settle_s * 1e3 / work.step_ms[name])))["times_ms"]
@@ -154,6 +158,7 @@ def run_config(cfg: str, rnd: int, work: Workload, args: argparse.Namespace, end
                   "the next blocks run beside leftover probes", file=sys.stderr)
         attach["launches_counted"] = launch_total(store, agent.pid, work.proc.pid)  # before span_counts empties the store
         if cfg == "agent_full":
+            kernel_counts(store, agent.pid, work.proc.pid, blocks)
             span_counts(store, blocks)
         else:
             span_counts(store, [])
@@ -162,6 +167,38 @@ def run_config(cfg: str, rnd: int, work: Workload, args: argparse.Namespace, end
               f"dropped_ringbuf={d.get('dropped_ringbuf')} dropped_export={d.get('dropped_export')}, "
               f"stop {attach['stop_s']} s, release {attach['release_wait_s']:.1f} s", flush=True)
     return blocks, attach
+
+
+def kernel_counts(store, agent_pid: int, workload_pid: int, blocks: list[dict]) -> None:  # noqa: ANN001
+    """Per block: calls and launches of its settle and measured steps, from agent_full's
+    in-kernel call statistics (exact, unlike its spans, which the ring buffer drops at 100%).
+    The workload idles for COUNT_GAP_S before each workload's steps, so an export of the
+    cumulative counts falls between any two workloads' steps: the block's calls are the last
+    total exported before its steps began subtracted from the first one read after they ended
+    (an exported total is up to half an interval old, hence "exported an interval after")."""
+    series: dict[tuple, list[tuple[int, float]]] = collections.defaultdict(list)
+    for p in store.metric_points():
+        a = p["attributes"]
+        if p["name"] == "eacgm.calls" and p["resource"].get("process.pid") == agent_pid and \
+                a.get("process.pid") == workload_pid:
+            series[tuple(sorted((k, str(v)) for k, v in a.items()))].append((p["time"], p["value"]))
+
+    def total(at_ns: int, after: bool, launches: bool) -> float:
+        out = 0.0
+        for key, pts in series.items():
+            if launches and not any(("code.function.name", n) in key for n in LAUNCH_NAMES):
+                continue
+            pts = sorted(pts)
+            chosen = [v for t, v in pts if t >= at_ns] if after else [v for t, v in pts if t <= at_ns]
+            out += (chosen[0] if after else chosen[-1]) if chosen else (pts[-1][1] if after else 0.0)
+        return out
+
+    for b in blocks:
+        start = b["t0_ns"] - int(sum(b["settle_ms"]) * 1e6)
+        steps = b["steps"] + len(b["settle_ms"])
+        end = b["t1_ns"] + int(COUNT_EXPORT_S * 1e9)
+        b["kernel_calls_per_step"] = (total(end, True, False) - total(start, False, False)) / steps
+        b["kernel_launches_per_step"] = (total(end, True, True) - total(start, False, True)) / steps
 
 
 def launch_total(store, agent_pid: int, workload_pid: int) -> int:  # noqa: ANN001
@@ -197,8 +234,12 @@ def analyse(blocks: list[dict], attaches: list[dict], workloads: list[str], conf
     rows = []
     for w in workloads:
         base = by[(w, "untraced")]
-        calls = med([b["spans"] / b["steps"] for b in full[w]])
-        launches = med([b["launches"] / b["steps"] for b in full[w]])
+        # the in-kernel counts are exact; spans (dropped at 100% when the consumer falls behind) are the fallback
+        counted = [b for b in by[(w, "agent_full")].values() if b.get("kernel_calls_per_step")]
+        calls = med([b["kernel_calls_per_step"] for b in counted]) if counted else \
+            med([b["spans"] / b["steps"] for b in full[w]])
+        launches = med([b["kernel_launches_per_step"] for b in counted]) if counted else \
+            med([b["launches"] / b["steps"] for b in full[w]])
         for cfg in configs:
             runs = by[(w, cfg)]
             if not runs:

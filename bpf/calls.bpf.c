@@ -139,6 +139,34 @@ static __always_inline struct sample_conf *sampling(void)
 	return sample_conf.lookup(&zero);
 }
 
+struct slice_count {
+	__u64 slice;
+	__u64 sent;
+};
+/* Spans each thread sent in its current sampled slice (sample_conf.slice_max). */
+BPF_TABLE("lru_hash", __u32, struct slice_count, slice_counts, 16384);
+
+/* Counts one sampled call against its thread's slice; 0 when the slice has used its cap (a
+ * child of a sampled call is never refused: subtrees stay whole, and count). A launch-bound
+ * thread makes 100k+ calls a second: one sampled second of it would overflow the ring buffer,
+ * so past the cap the slice's calls are counted in the statistics and not sent. */
+static __always_inline int spend(struct sample_conf *sc, __u32 tid, __u64 now, int child)
+{
+	if (!sc->slice_max || !sc->slice_ns)
+		return 1;
+	__u64 slice = now / sc->slice_ns;
+	struct slice_count *c = slice_counts.lookup(&tid);
+	if (!c || c->slice != slice) {
+		struct slice_count fresh = {.slice = slice, .sent = 1};
+		slice_counts.update(&tid, &fresh);
+		return 1;
+	}
+	if (c->sent >= sc->slice_max && !child)
+		return 0;
+	c->sent++;
+	return 1;
+}
+
 /* Whether a call entered at `now` is in the span sample. Calls follow their parent, unless
  * they start long after it (a main() open for hours: its steps are decided one by one); the
  * others are decided per thread and time slice, the unit the agent groups outermost calls in. */
@@ -148,11 +176,11 @@ static __always_inline int in_sample(struct sample_conf *sc, struct frame *paren
 	if (!sc || sc->ratio >= 65536)
 		return 1;
 	if (parent && now - parent->entry_ns < sc->resample_ns)
-		return (parent->flags & EACGM_FLAG_SAMPLED) != 0;
+		return (parent->flags & EACGM_FLAG_SAMPLED) && spend(sc, tid, now, 1);
 	if (!sc->ratio)
 		return 0;
 	__u64 x = sc->slice_ns ? (((__u64)tid << 32) ^ (now / sc->slice_ns)) : call_id;
-	return (mix64(x ^ sc->salt) & 0xffff) < sc->ratio;
+	return (mix64(x ^ sc->salt) & 0xffff) < sc->ratio && spend(sc, tid, now, 0);
 }
 
 static __always_inline __u64 nccl_type_size(__u64 dtype)

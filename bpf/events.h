@@ -137,6 +137,7 @@ struct sample_conf {
 	__u64 slice_ns;     /* the unit of sampling: one thread's time slice (0: each outermost call) */
 	__u64 resample_ns;  /* calls entered this long after their parent are decided afresh */
 	__u64 salt;
+	__u64 slice_max;    /* spans one thread may send in one sampled slice (0: no cap) */
 };
 
 /* One Python filter rule (py_rules array). A rule matches when every condition it sets holds:

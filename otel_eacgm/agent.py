@@ -113,7 +113,8 @@ class Agent:
                                          max_kernel_names=cfg.max_kernel_names) if cfg.call_metrics and metered else None
         self.program.set_sampling(Sampling(
             ratio=cfg.span_sample_ratio, slow_s=cfg.span_slow_s, slice_s=cfg.trace_slice_s,
-            resample_s=cfg.trace_max_delay_s, salt=self.builder.ids.salt, statistics=self.call_stats is not None))
+            resample_s=cfg.trace_max_delay_s, salt=self.builder.ids.salt, statistics=self.call_stats is not None,
+            slice_max=cfg.span_slice_max))
         resource = Resource({"service.name": "otel-eacgm-agent", "host.name": self._host, "process.pid": os.getpid(),
                              "service.version": __version__})
         exporter = metric_exporter(cfg.protocol, cfg.endpoint, cfg.insecure, cfg.export_timeout_s) if cfg.otlp \

@@ -104,6 +104,8 @@ class Group:
 
 @dataclasses.dataclass
 class _Attached:
+    """A group's probes, and how they are attached now (no handles: detached)."""
+
     probes: tuple[Probe, ...]
     handles: list[int | str] = dataclasses.field(default_factory=list)  # link fds, or perf event names
 
@@ -118,6 +120,7 @@ class Sampling:
     resample_s: float   # calls entered this long after their parent are decided afresh
     salt: int
     statistics: bool    # aggregate call statistics in the kernel
+    slice_max: int      # spans one thread may send in one sampled slice (0: no cap)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -278,7 +281,8 @@ class CallProgram:
         table[ctypes.c_int(0)] = table.Leaf(
             ratio=round(sampling.ratio * 65536), stats_on=int(sampling.statistics),
             slow_ns=int(sampling.slow_s * 1e9), slice_ns=int(sampling.slice_s * 1e9),
-            resample_ns=int(sampling.resample_s * 1e9), salt=sampling.salt & (2**64 - 1))
+            resample_ns=int(sampling.resample_s * 1e9), salt=sampling.salt & (2**64 - 1),
+            slice_max=sampling.slice_max)
 
     def call_stats(self) -> list[CallStat]:
         """Every call statistics entry (cumulative since the entry was made)."""
@@ -361,10 +365,13 @@ class CallProgram:
                 try:
                     handles.append(self._link(group, part, retprobe))
                 except uprobe_multi.LinkError as exc:
-                    if len(part) == 1:
+                    try:
+                        if len(part) == 1:
+                            raise BpfError(f"{exc}; see the kernel log (dmesg)") from None
+                        handles += self._link_each(group, part, retprobe, exc)
+                    except BpfError:
                         self._close_handles(handles)
-                        raise BpfError(f"{exc}; see the kernel log (dmesg)") from None
-                    handles += self._link_each(group, part, retprobe, exc)
+                        raise
             return handles
         names: list[int | str] = []
         for p in probes:

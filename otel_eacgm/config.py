@@ -101,6 +101,9 @@ class AgentConfig:
     """Fraction of traces exported whole; slow and failed spans are exported always (1.0: everything)."""
     span_slow_s: float = 0.01
     """A span at least this long is exported whatever the sampling."""
+    span_slice_max: int = 4096
+    """Spans one thread may send in one sampled slice; its later calls are counted, not sent (0: no cap;
+    not applied at span_sample_ratio 1). A launch-bound thread would otherwise overflow the ring buffer."""
     perfetto: str | None = None
     """Also write spans to this Chrome/Perfetto trace file (JSON)."""
     otlp: bool = True
@@ -171,6 +174,8 @@ class AgentConfig:
                               f"{self.trace_slice_s} >= 0")
         if not 0.0 <= self.span_sample_ratio <= 1.0:
             raise ConfigError(f"span_sample_ratio {self.span_sample_ratio} must be in [0, 1]")
+        if self.span_slice_max < 0:
+            raise ConfigError(f"span_slice_max {self.span_slice_max} must be >= 0 (0: no cap)")
         if self.span_slow_s < 0:
             raise ConfigError(f"span_slow_s {self.span_slow_s} must be >= 0")
         if not self.otlp and not self.perfetto:

@@ -14,7 +14,6 @@ import dataclasses
 import errno
 import os
 import platform
-from collections.abc import Sequence
 
 #: expected_attach_type of a program attached through uprobe_multi links.
 BPF_TRACE_UPROBE_MULTI = 48
@@ -97,7 +96,3 @@ def cookie(slot: int, tail: int) -> int:
     """calls.bpf.c multi_probe's cookie: the common program in the high word, the slot in the low."""
     return (tail << 32) | slot
 
-
-def cookies_for(slots: Sequence[int], tail: int) -> tuple[int, ...]:
-    """One cookie per probe of a link whose probes all run the same common program."""
-    return tuple(cookie(s, tail) for s in slots)

@@ -40,7 +40,8 @@ def test_a_detached_group_stops_counting_and_counts_again_once_reattached(multi:
     try:
         assert program.multi_links == (multi and kernel_has_uprobe_multi())
         program.configure(LAUNCH_SLOT, CATALOG[LAUNCH_SLOT])
-        program.set_sampling(Sampling(ratio=0.0, slow_s=10.0, slice_s=1.0, resample_s=0.01, salt=1, statistics=True))
+        program.set_sampling(Sampling(ratio=0.0, slow_s=10.0, slice_s=1.0, resample_s=0.01, salt=1, statistics=True,
+                                     slice_max=0))
         import nvidia.cu13  # noqa: PLC0415
 
         lib = os.path.join(list(nvidia.cu13.__path__)[0], "lib", "libcudart.so.13")
