@@ -76,6 +76,11 @@ class _Cycled:
         self.spans = [(a, b) for a, b in self.spans if b > t]
 
 
+def _hits(spec: ProbeSpec | None) -> int:
+    """Probe hits per call: 1 for an entry-only probe, 2 with a return probe (or exit probes)."""
+    return 1 if spec is not None and not spec.has_return and not spec.exit_probes else 2
+
+
 class Guardrail:
     """Estimates each process' probe cost and duty-cycles launch and operator probes past the budget."""
 
@@ -103,7 +108,7 @@ class Guardrail:
         return per (pid, probe) the factor that extrapolates this window's counts."""
         t0, self._last_observe = self._last_observe, now
         window = now - t0
-        shares = {unit: c.share(t0, now) for unit, c in self._cycled.items() if c.share(t0, now) < 0.999}
+        shares = {unit: share for unit, c in self._cycled.items() if (share := c.share(t0, now)) < 0.999}
         counts: dict[tuple[int, int], int] = {}
         for e in entries:
             counts[(e.pid, e.probe_id)] = counts.get((e.pid, e.probe_id), 0) + e.count
@@ -147,8 +152,7 @@ class Guardrail:
             spec = self._rows.get(slot)
             unit = self._unit_of(spec)
             attached_s = window * floor[unit] if unit in floor else window
-            hits = 1 if spec is not None and not spec.has_return and not spec.exit_probes else 2
-            busy[pid] = busy.get(pid, 0.0) + max(gained, 0) / attached_s * hits * self.hit_cost_s
+            busy[pid] = busy.get(pid, 0.0) + max(gained, 0) / attached_s * _hits(spec) * self.hit_cost_s
         scale = {}
         for pid, slot in gains:
             unit = self._unit_of(self._rows.get(slot))
@@ -171,8 +175,7 @@ class Guardrail:
         for pid, probes in per_pid.items():
             fixed = cyclable = 0.0
             for spec, slot, rate in probes:
-                hits = 1 if spec is not None and not spec.has_return and not spec.exit_probes else 2
-                cost = rate * hits * self.hit_cost_s
+                cost = rate * _hits(spec) * self.hit_cost_s
                 unit = self._unit_of(spec)
                 if unit is not None:
                     cyclable += cost
