@@ -148,6 +148,7 @@ class Attacher:
             except BpfError as exc:
                 failed = [op.qualified for op in chosen]
                 log.error("%s", exc)
+                self._program.forget(Group(GroupKind.TORCH_EXIT, lib.path))  # exits without entries: hits, no calls
                 break
         if failed:
             self.failed[lib.path] = failed

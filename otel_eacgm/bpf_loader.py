@@ -423,6 +423,12 @@ class CallProgram:
                 except Exception as exc:  # BCC raises bare Exception; the probe stays attached
                     log.warning("detaching %s failed: %s", h, exc)
 
+    def forget(self, group: Group) -> None:
+        """Detach a group for good (its partner group failed to attach)."""
+        entry = self._groups.pop(group, None)
+        if entry is not None:
+            self._close_handles(entry.handles)
+
     def detach(self, kind: GroupKind) -> int:
         """Detach every group of `kind` (the guardrail's off phase); returns the probes detached.
         A probe stops firing as soon as its breakpoint is removed, which comes first; the kernel's
