@@ -271,7 +271,10 @@ def analyse(blocks: list[dict], attaches: list[dict], workloads: list[str], conf
     return rows
 
 
-def report(rows: list[dict], attaches: list[dict], blocks: list[dict], info: dict, args: argparse.Namespace) -> str:
+def report(rows: list[dict], attaches: list[dict], blocks: list[dict], info: dict, args: argparse.Namespace,
+           host: dict | None = None) -> str:
+    """The tables; `host` names the machine that ran the blocks (default: this one)."""
+    host = host or {"node": platform.node(), "cpus": os.cpu_count()}
     header = ["workload", "config", "step ms (median)", "vs untraced", "throughput vs untraced", "target",
               "calls/step", "launches/step", "est. probe hits/step", "added us/call", "agent CPU s/step",
               "agent CPU share", "agent RSS MiB", "spans/s (100%)", "drops"]
@@ -292,7 +295,7 @@ def report(rows: list[dict], attaches: list[dict], blocks: list[dict], info: dic
             a["released"], "; ".join(a.get("guardrail", []))[:300] or "no"] for a in attaches]
     return "\n".join([
         f"# overhead A/B: {args.rounds} interleaved rounds, device {info.get('device')} ({info.get('dtype')}), "
-        f"torch {info.get('torch')}, {info.get('params')} parameters, host {platform.node()} ({os.cpu_count()} CPUs)",
+        f"torch {info.get('torch')}, {info.get('params')} parameters, host {host.get('node')} ({host.get('cpus')} CPUs)",
         f"steps per block {args.steps}, first {args.skip_steps} of each block not counted; ratios are medians of "
         "per-round (traced block median / untraced block median)",
         f"sizes {info.get('sizes')}", "",
@@ -306,6 +309,28 @@ def report(rows: list[dict], attaches: list[dict], blocks: list[dict], info: dic
                         "dropped_ringbuf", "dropped_export", "probes", "stop s", "release wait s", "released",
                         "guardrail throttled"], att),
     ])
+
+
+def merge(dirs: list[Path], out: Path) -> None:
+    """Analyse the rounds of several runs together: a device command holds 2 rounds of long
+    blocks, so more rounds come from more commands (same workload flags in each)."""
+    runs = [json.loads((d / "overhead_ab.json").read_text()) for d in dirs]
+    blocks, attaches, offset = [], [], 0
+    for run in runs:
+        blocks += [{**b, "round": b["round"] + offset} for b in run["blocks"]]
+        attaches += [{**a, "round": a["round"] + offset} for a in run["attaches"]]
+        offset += run["args"]["rounds"]
+    args = argparse.Namespace(**{**runs[0]["args"], "rounds": offset, "out": str(out), "merged": [str(d) for d in dirs]})
+    configs = args.configs.split(",")
+    rows = analyse(blocks, attaches, args.workloads, configs)
+    text = report(rows, attaches, blocks, runs[0]["workload"], args, runs[0].get("host"))
+    out.mkdir(parents=True, exist_ok=True)
+    result = {"args": vars(args), "workload": runs[0]["workload"], "rows": rows,
+              "extrapolation_error": extrapolation_error(attaches), "attaches": attaches, "blocks": blocks,
+              "host": runs[0].get("host")}
+    (out / "overhead_ab.json").write_text(json.dumps(result, indent=1, default=str))
+    (out / "overhead_ab.md").write_text(text + "\n")
+    print(text)
 
 
 def main() -> None:
@@ -333,7 +358,12 @@ def main() -> None:
     ap.add_argument("--agent-timeout", type=float, default=300, help="longest wait for the agent's ready line, s")
     ap.add_argument("--release-timeout", type=float, default=150,
                     help="longest wait for the agent's probes to be released before the next block, s")
+    ap.add_argument("--merge", nargs="+", type=Path, metavar="DIR",
+                    help="run nothing: analyse the overhead_ab.json of these runs' --out directories together")
     args, extra = ap.parse_known_args()
+    if args.merge:
+        merge(args.merge, args.out)
+        return
     args.rounds = args.rounds or (2 if args.quick else 3)
     args.budget_s = args.budget_s or (420 if args.quick else 560)
     args.block_s = args.block_s or (QUICK_BLOCK_S if args.quick else FULL_BLOCK_S)
