@@ -7,8 +7,8 @@ every configuration once, in an order rotated from round to round:
 
 * ``untraced``;
 * ``agent_default``: `otel-eacgm agent --pid W --layers cuda.runtime,cuda.driver,nccl,torch,python`
-  with every other setting at its default (span sampling 0.1, NVML + network metrics on);
-  (its overhead guardrail included: 5% budget);
+  with every other setting at its default (span sampling 0.1, NVML + network metrics on, the
+  overhead guardrail at its 5% budget);
 * ``agent_full``: the same with ``OTEL_EACGM_SPAN_SAMPLE_RATIO=1`` and the guardrail off (every
   call a span: the raw cost of every probe);
 * ``profiler``: the block under ``torch.profiler.profile`` (CPU + CUDA activities), in-process.
@@ -17,13 +17,15 @@ An agent configuration attaches to the running workload (it logs ``ready:`` once
 are in), runs ``--settle-s`` of unmeasured steps and then one measured block of every workload
 (blocks are sized by time, ``--block-s``), and is stopped; the next configuration starts only
 after the agent's background probe release has finished, so no block is measured beside
-leftover probes. Spans go to the package's OTLP store in this process; in ``agent_full`` every
-call is a span, which gives the calls, launches and layers per step of each block (by span
-start time). The agent's CPU time and RSS come from /proc between the block's start and end;
+leftover probes. Spans and metrics go to the package's OTLP store in this process; the calls
+and launches per step of each block come from ``agent_full``'s in-kernel call statistics, and
+the spans per layer from its spans (by span start time). The agent's CPU time and RSS come from /proc between the block's start and end;
 its `done:` line gives captured calls and drops. The first ``--skip-steps`` of each block are
 not counted. The guardrail's extrapolation is checked against the truth: agent_default's
 launch count from its call statistics (extrapolated while cycled) against agent_full's (every
-launch counted in the kernel) over the same steps of the same round. Results: ``OUT/overhead_ab.json`` and ``OUT/overhead_ab.md`` (printed too).
+launch counted in the kernel) over the same steps of the same round. Results:
+``OUT/overhead_ab.json`` and ``OUT/overhead_ab.md`` (printed too); ``--merge`` analyses the
+results of several runs together.
 
     sudo $P benchmarks/overhead_ab.py --quick --out results/overhead            # H200, ~5 min
     sudo $P benchmarks/overhead_ab.py --out results/overhead                    # 3 rounds, longer blocks
@@ -156,9 +158,10 @@ def run_config(cfg: str, rnd: int, work: Workload, args: argparse.Namespace, end
             PENDING_RELEASES.append(attach["release_pid"])
             print(f"warning: probe release of round {rnd} {cfg} not done after {args.release_timeout:.0f} s; "
                   "the next blocks run beside leftover probes", file=sys.stderr)
-        attach["launches_counted"] = launch_total(store, agent.pid, work.proc.pid)  # before span_counts empties the store
+        series = call_series(store, agent.pid, work.proc.pid)  # before span_counts empties the store
+        attach["launches_counted"] = launch_total(series)
         if cfg == "agent_full":
-            kernel_counts(store, agent.pid, work.proc.pid, blocks)
+            kernel_counts(series, blocks)
             span_counts(store, blocks)
         else:
             span_counts(store, [])
@@ -169,26 +172,37 @@ def run_config(cfg: str, rnd: int, work: Workload, args: argparse.Namespace, end
     return blocks, attach
 
 
-def kernel_counts(store, agent_pid: int, workload_pid: int, blocks: list[dict]) -> None:  # noqa: ANN001
-    """Per block: calls and launches of its settle and measured steps, from agent_full's
-    in-kernel call statistics (exact, unlike its spans, which the ring buffer drops at 100%).
-    The workload idles for COUNT_GAP_S before each workload's steps, so an export of the
-    cumulative counts falls between any two workloads' steps: the block's calls are the last
-    total exported before its steps began subtracted from the first one read after they ended
-    (an exported total is up to half an interval old, hence "exported an interval after")."""
+def call_series(store, agent_pid: int, workload_pid: int) -> dict[tuple, list[tuple[int, float]]]:  # noqa: ANN001
+    """The agent's cumulative eacgm.calls points about the workload: per series (its sorted
+    attributes), (time, value) in time order."""
     series: dict[tuple, list[tuple[int, float]]] = collections.defaultdict(list)
     for p in store.metric_points():
         a = p["attributes"]
         if p["name"] == "eacgm.calls" and p["resource"].get("process.pid") == agent_pid and \
                 a.get("process.pid") == workload_pid:
             series[tuple(sorted((k, str(v)) for k, v in a.items()))].append((p["time"], p["value"]))
+    for pts in series.values():
+        pts.sort()
+    return series
+
+
+def is_launch(key: tuple) -> bool:
+    return any(("code.function.name", n) in key for n in LAUNCH_NAMES)
+
+
+def kernel_counts(series: dict[tuple, list[tuple[int, float]]], blocks: list[dict]) -> None:
+    """Per block: calls and launches of its settle and measured steps, from agent_full's
+    in-kernel call statistics (exact, unlike its spans, which the ring buffer drops at 100%).
+    The workload idles for COUNT_GAP_S before each workload's steps, so an export of the
+    cumulative counts falls between any two workloads' steps: the block's calls are the last
+    total exported before its steps began subtracted from the first one read after they ended
+    (an exported total is up to half an interval old, hence "exported an interval after")."""
 
     def total(at_ns: int, after: bool, launches: bool) -> float:
         out = 0.0
         for key, pts in series.items():
-            if launches and not any(("code.function.name", n) in key for n in LAUNCH_NAMES):
+            if launches and not is_launch(key):
                 continue
-            pts = sorted(pts)
             chosen = [v for t, v in pts if t >= at_ns] if after else [v for t, v in pts if t <= at_ns]
             out += (chosen[0] if after else chosen[-1]) if chosen else (pts[-1][1] if after else 0.0)
         return out
@@ -201,17 +215,10 @@ def kernel_counts(store, agent_pid: int, workload_pid: int, blocks: list[dict]) 
         b["kernel_launches_per_step"] = (total(end, True, True) - total(start, False, True)) / steps
 
 
-def launch_total(store, agent_pid: int, workload_pid: int) -> int:  # noqa: ANN001
-    """Launches the agent's call statistics counted in the workload over the agent's life (its
-    last cumulative eacgm.calls points; extrapolated where the guardrail cycled the probes)."""
-    last: dict[tuple, float] = {}
-    for p in store.metric_points():
-        a = p["attributes"]
-        if p["name"] == "eacgm.calls" and p["resource"].get("process.pid") == agent_pid and \
-                a.get("process.pid") == workload_pid and a.get("code.function.name") in LAUNCH_NAMES:
-            key = tuple(sorted((k, str(v)) for k, v in a.items()))
-            last[key] = max(last.get(key, 0), p["value"])
-    return round(sum(last.values()))
+def launch_total(series: dict[tuple, list[tuple[int, float]]]) -> int:
+    """Launches the agent's call statistics counted over the agent's life (the last cumulative
+    points; extrapolated where the guardrail cycled the probes)."""
+    return round(sum(max(v for _, v in pts) for key, pts in series.items() if is_launch(key)))
 
 
 def extrapolation_error(attaches: list[dict]) -> dict | None:

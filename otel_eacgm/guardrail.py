@@ -148,25 +148,22 @@ class Guardrail:
         # (the agent stalled) must not multiply its counts without bound.
         floor = {unit: max(share, 0.5 * max(self.duty, self.min_duty), 1e-9) for unit, share in shares.items()}
         busy: dict[int, float] = {}  # pid -> c
+        cycled: dict[tuple[int, int], float] = {}  # (pid, probe) -> its unit's attached share
         for (pid, slot), gained in gains.items():
             spec = self._rows.get(slot)
-            unit = self._unit_of(spec)
-            attached_s = window * floor[unit] if unit in floor else window
-            busy[pid] = busy.get(pid, 0.0) + max(gained, 0) / attached_s * _hits(spec) * self.hit_cost_s
-        scale = {}
-        for pid, slot in gains:
-            unit = self._unit_of(self._rows.get(slot))
-            if unit in floor:
-                share, c = floor[unit], min(busy.get(pid, 0.0), MAX_SLOWDOWN)
-                scale[(pid, slot)] = (share + (1.0 - share) / (1.0 - c)) / share
-        return scale
+            share = floor.get(self._unit_of(spec), 1.0)  # probes that are not cycled: attached all along
+            if share < 1.0:
+                cycled[(pid, slot)] = share
+            busy[pid] = busy.get(pid, 0.0) + max(gained, 0) / (window * share) * _hits(spec) * self.hit_cost_s
+        return {(pid, slot): (share + (1.0 - share) / (1.0 - min(busy[pid], MAX_SLOWDOWN))) / share
+                for (pid, slot), share in cycled.items()}
 
     def _unit_of(self, spec: ProbeSpec | None) -> _Unit | None:
         if spec is None:
             return None
         if spec.layer is Layer.TORCH:
             return _OPERATORS if self._program.multi_links else None
-        return _LAUNCHES if not spec.has_return and not spec.exit_probes else None
+        return _LAUNCHES if _hits(spec) == 1 else None
 
     def _decide(self, per_pid: dict[int, list[tuple[ProbeSpec | None, int, float]]]) -> None:
         worst_fixed = worst_cyclable = 0.0
