@@ -328,16 +328,22 @@ def merge(dirs: list[Path], out: Path) -> None:
         attaches += [{**a, "round": a["round"] + offset} for a in run["attaches"]]
         offset += run["args"]["rounds"]
     args = argparse.Namespace(**{**runs[0]["args"], "rounds": offset, "out": str(out), "merged": [str(d) for d in dirs]})
-    configs = args.configs.split(",")
-    rows = analyse(blocks, attaches, args.workloads, configs)
-    text = report(rows, attaches, blocks, runs[0]["workload"], args, runs[0].get("host"))
     out.mkdir(parents=True, exist_ok=True)
-    result = {"args": vars(args), "workload": runs[0]["workload"], "rows": rows,
-              "extrapolation_error": extrapolation_error(attaches), "attaches": attaches, "blocks": blocks,
-              "host": runs[0].get("host")}
+    print(write_result(out, args, runs[0]["workload"], blocks, attaches, runs[0].get("host")))
+
+
+def write_result(out: Path, args: argparse.Namespace, workload: dict, blocks: list, attaches: list,
+                 host: dict | None, **extra) -> str:
+    """Analyse the blocks so far and write overhead_ab.json and .md to `out`; returns the report.
+    Called after every round, so a command cut short by its time limit keeps its whole rounds."""
+    rows = analyse(blocks, attaches, args.workloads, args.configs.split(","))
+    text = report(rows, attaches, blocks, workload, args, host)
+    result = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+              "workload": workload, "rows": rows, "extrapolation_error": extrapolation_error(attaches),
+              "attaches": attaches, "blocks": blocks, "host": host, **extra}
     (out / "overhead_ab.json").write_text(json.dumps(result, indent=1, default=str))
     (out / "overhead_ab.md").write_text(text + "\n")
-    print(text)
+    return text
 
 
 def main() -> None:
@@ -400,6 +406,7 @@ def main() -> None:
     print(f"steps per block {args.steps}", flush=True)
     blocks, attaches = [], []
     longest = 0.0
+    host = {"node": platform.node(), "kernel": platform.release(), "cpus": os.cpu_count()}
     for rnd in range(args.rounds):
         elapsed = time.monotonic() - t_start
         if rnd and elapsed + longest > args.budget_s:
@@ -418,17 +425,12 @@ def main() -> None:
             for x in b:
                 print(f"  round {rnd} {cfg:14s} {x['workload']:10s} median {x['median_ms']:.3f} ms", flush=True)
         longest = max(longest, time.monotonic() - t_round)
+        write_result(args.out, argparse.Namespace(**{**vars(args), "rounds": rnd + 1}), work.info, blocks, attaches, host)
     work.quit()
     server.stop(0)
-    rows = analyse(blocks, attaches, args.workloads, configs)
-    text = report(rows, attaches, blocks, work.info, args)
-    result = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}, "workload": work.info,
-              "rows": rows, "extrapolation_error": extrapolation_error(attaches), "attaches": attaches, "blocks": blocks, "wall_s": round(time.monotonic() - t_start, 1),
-              "host": {"node": platform.node(), "kernel": platform.release(), "cpus": os.cpu_count()}}
-    (args.out / "overhead_ab.json").write_text(json.dumps(result, indent=1, default=str))
-    (args.out / "overhead_ab.md").write_text(text + "\n")
-    print(text)
-    print(f"\nwall time {result['wall_s']} s; wrote {args.out}/overhead_ab.json and overhead_ab.md")
+    wall_s = round(time.monotonic() - t_start, 1)
+    print(write_result(args.out, args, work.info, blocks, attaches, host, wall_s=wall_s))
+    print(f"\nwall time {wall_s} s; wrote {args.out}/overhead_ab.json and overhead_ab.md")
 
 
 if __name__ == "__main__":
