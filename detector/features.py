@@ -125,6 +125,12 @@ def feature_names(rows: list[dict[str, float]]) -> list[str]:
     return sorted({n for r in rows for n in r})
 
 
+def is_logarithmic(name: str) -> bool:
+    """Whether a feature (or a context feature of one) is a logarithm, whose differences are
+    ratios: ``GMMDetector``'s ``logarithmic``."""
+    return ".log_" in name
+
+
 def feature_category(name: str) -> str:
     """What a person reads from a feature: communication, gpu, network, latency, errors or calls."""
     if ".nccl." in name or name.startswith("span.nccl") or name.endswith(".log_bandwidth"):

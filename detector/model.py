@@ -23,9 +23,19 @@ from eacgm_detector.threshold import pot_threshold, quantile_threshold
 COVARIANCE_TYPES = ("full", "tied", "diag", "spherical")
 THRESHOLD_METHODS = ("pot", "quantile")
 
-#: Features whose training standard deviation is below this are treated as constant: they
-#: are centred, not standardized, and ``reg_covar`` bounds their variance from below.
+#: Features whose unit (standard deviation or resolution) is below this are constant at 0 in
+#: training: they are centred, not standardized, and ``reg_covar`` bounds their variance.
 _CONSTANT_STD = 1e-12
+#: The smallest change, as a share of a feature's training level, that standardization
+#: resolves: a feature's unit is never less than this share of its level (of 1 + this, as a
+#: log, for a logarithm). A gauge that sat still through training (GPU memory, to the byte)
+#: would otherwise turn a change small against its level (a 2 MiB allocation in 6.5 GB) into
+#: millions of standard deviations and take every attribution. 1 %: a change of a level by
+#: less is no fault a person would act on, and it is the size by which healthy runs of one
+#: job differ from each other (the median shift of a feature's level between the clean H200
+#: runs of 2026-12-04 was 0.6 %), while the steadiest latencies vary by about that much
+#: within a run (synchronize p95: 0.9 %), so a coarser resolution would blunt them.
+RELATIVE_RESOLUTION = 1e-2
 
 
 class GMMDetector(OutlierMixin, BaseEstimator):
@@ -68,6 +78,10 @@ class GMMDetector(OutlierMixin, BaseEstimator):
         with) is imputed as its feature's deviation from the training mean, "at the usual
         level": the median deviation next to an arbitrary current value would claim a jump
         and make every entity's first windows look anomalous. None: no context features.
+    logarithmic : sequence of bool or None, default=None
+        Per feature, whether it is a logarithm (a log duration): its differences are ratios,
+        so its resolution is ``log1p(RELATIVE_RESOLUTION)`` in its own units, not a share of
+        a level that depends on the unit it was taken in. None: no logarithms.
     n_init : int, default=1
     max_iter : int, default=200
     random_state : int, RandomState or None, default=None
@@ -102,6 +116,7 @@ class GMMDetector(OutlierMixin, BaseEstimator):
         n_folds: int = 5,
         shuffle_folds: bool = False,
         derived_from=None,
+        logarithmic=None,
         n_init: int = 1,
         max_iter: int = 200,
         random_state=None,
@@ -115,6 +130,7 @@ class GMMDetector(OutlierMixin, BaseEstimator):
         self.n_folds = n_folds
         self.shuffle_folds = shuffle_folds
         self.derived_from = derived_from
+        self.logarithmic = logarithmic
         self.n_init = n_init
         self.max_iter = max_iter
         self.random_state = random_state
@@ -158,6 +174,15 @@ class GMMDetector(OutlierMixin, BaseEstimator):
                 f"the index of a feature that is itself -1"
             )
         return src.astype(int)
+
+    def _logarithmic(self, n_features: int) -> np.ndarray:
+        """``logarithmic`` checked against ``n_features``, as a bool array."""
+        if self.logarithmic is None:
+            return np.zeros(n_features, dtype=bool)
+        logs = np.asarray(self.logarithmic)
+        if logs.shape != (n_features,) or logs.dtype.kind != "b":
+            raise ValueError(f"logarithmic={self.logarithmic!r}: expected {n_features} booleans")
+        return logs
 
     def _impute(self, X: np.ndarray) -> np.ndarray:
         """NaN to the training median; a missing deviation to its feature's deviation from
@@ -204,12 +229,7 @@ class GMMDetector(OutlierMixin, BaseEstimator):
         self.center_ = np.where(np.isnan(X), self.fill_, X).mean(axis=0)
         X = self._impute(X)
         self.center_ = X.mean(axis=0)
-        std = X.std(axis=0)
-        # A constant feature keeps the variance floor reg_covar in its own units (any change
-        # of it stays as unlikely as reg_covar says) when a short fit raises the floor in
-        # standardized units to d / n (see reg_covar): its unit is shrunk to match.
-        floor = max(self.reg_covar, X.shape[1] / X.shape[0])
-        self.scale_ = np.where(std > _CONSTANT_STD, std, np.sqrt(self.reg_covar / floor))
+        self.scale_ = self._scales(X)
         Z = (X - self.center_) / self.scale_
 
         n = Z.shape[0]
@@ -251,6 +271,24 @@ class GMMDetector(OutlierMixin, BaseEstimator):
             self.threshold_method_ = "quantile"
         self.offset_ = self.threshold_
         return self
+
+    def _scales(self, X: np.ndarray) -> np.ndarray:
+        """Per feature, its unit for standardization: the training standard deviation, but
+        never less than ``RELATIVE_RESOLUTION`` of the feature's level (a context feature's
+        level is its base feature's), so that a gauge that happened to sit still in training
+        does not turn a change small against its level into millions of standard deviations.
+        A feature constant at 0 (a function never called, an error counter that stayed 0)
+        has no level to be relative to: any change of it is news, and its variance floor is
+        ``reg_covar`` in its own units, as unlikely as ``reg_covar`` says; when a short fit
+        raises the floor in standardized units to d / n (see ``reg_covar``), its unit is
+        shrunk to match."""
+        src = self._derived(X.shape[1])
+        level = np.abs(np.where(src >= 0, self.center_[src], self.center_))
+        resolution = np.where(self._logarithmic(X.shape[1]), np.log1p(RELATIVE_RESOLUTION),
+                              RELATIVE_RESOLUTION * level)
+        scale = np.maximum(X.std(axis=0), resolution)
+        floor = max(self.reg_covar, X.shape[1] / X.shape[0])
+        return np.where(scale > _CONSTANT_STD, scale, np.sqrt(self.reg_covar / floor))
 
     def _standardize(self, X) -> np.ndarray:
         check_is_fitted(self, "mixture_")

@@ -16,8 +16,8 @@ import numpy as np
 
 from eacgm_detector.config import DetectorConfig
 from eacgm_detector.context import ContextTracker, add_context, base_name, derived_from
-from eacgm_detector.features import (Vocabulary, feature_category, feature_names, vectorize,
-                                     window_features)
+from eacgm_detector.features import (Vocabulary, feature_category, feature_names, is_logarithmic,
+                                     vectorize, window_features)
 from eacgm_detector.model import GMMDetector
 from eacgm_detector.persist import SavedModel
 from eacgm_detector.records import Entity, entity_label
@@ -53,11 +53,13 @@ class WindowResult:
 
 def model_from_config(cfg: DetectorConfig, names: list[str] | None = None) -> GMMDetector:
     """A fresh estimator with the config's hyperparameters; with the feature ``names``, it
-    knows which are context features of which (``derived_from``)."""
+    knows which are context features of which (``derived_from``) and which are logarithms
+    (``logarithmic``)."""
     return GMMDetector(cfg.max_components, covariance_type=cfg.covariance_type,
                        reg_covar=cfg.reg_covar, threshold_method=cfg.threshold_method,
                        threshold_risk=cfg.threshold_risk, random_state=cfg.random_state,
-                       derived_from=None if names is None else derived_from(names, cfg.context_windows))
+                       derived_from=None if names is None else derived_from(names, cfg.context_windows),
+                       logarithmic=None if names is None else [is_logarithmic(n) for n in names])
 
 
 def fit_rows(cfg: DetectorConfig, rows: list[dict[str, float]]) -> SavedModel:

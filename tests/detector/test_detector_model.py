@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
-from eacgm_detector.model import GMMDetector
+from eacgm_detector.model import RELATIVE_RESOLUTION, GMMDetector
 from eacgm_detector.persist import SavedModel, load_model, save_model
 from eacgm_detector.threshold import pot_threshold, quantile_threshold
 
@@ -68,6 +68,39 @@ def test_contributions_name_the_feature_that_moved():
     x = np.zeros((1, 5))
     x[0, 3] = 9.0
     assert det.contributions(x)[0].argmax() == 3
+
+
+def test_a_gauge_still_in_training_does_not_outrank_a_feature_that_moved():
+    # A GPU memory gauge that sat at 6.5 GB through training and then grew by 2 MiB, beside a
+    # latency that moved by 8 of its standard deviations: the latency is what changed.
+    rng = np.random.default_rng(4)
+    X = np.column_stack([np.full(300, 6.5e9), rng.normal(size=300), rng.normal(size=300)])
+    det = GMMDetector(1, random_state=0).fit(X)
+    c = det.contributions(np.array([[6.5e9 + 2 * 2**20, 8.0, 0.0]]))[0]
+    assert c.argmax() == 1
+    # Its resolution is a share of its level, not of reg_covar in bytes; a real change of
+    # it (a tenth of its level) still stands out.
+    assert det.scale_[0] == pytest.approx(6.5e9 * RELATIVE_RESOLUTION)
+    assert det.predict(np.array([[7.2e9, 0.0, 0.0]]))[0] == -1
+
+
+def test_resolution_of_logarithms_context_features_and_zeros():
+    rng = np.random.default_rng(5)
+    n = 300
+    level = np.full(n, 1e6)
+    log_feature = np.full(n, -20.0)  # a log of seconds: its level depends on the unit
+    zero = np.zeros(n)  # a function never called in training
+    X = np.column_stack([level, np.zeros(n), log_feature, zero, rng.normal(size=n)])
+    det = GMMDetector(1, derived_from=[-1, 0, -1, -1, -1],
+                      logarithmic=[False, False, True, False, False], random_state=0).fit(X)
+    # A context feature (a deviation, centred on 0) is resolved like the feature it comes from.
+    assert det.scale_[1] == det.scale_[0] == pytest.approx(1e6 * RELATIVE_RESOLUTION)
+    assert det.scale_[2] == pytest.approx(np.log1p(RELATIVE_RESOLUTION))
+    # A feature constant at 0 has no level: any change of it stays news.
+    assert det.scale_[3] < 1.0
+    assert det.predict(np.array([[1e6, 0.0, -20.0, 1.0, 0.0]]))[0] == -1
+    with pytest.raises(ValueError, match="logarithmic=.*expected 5 booleans"):
+        GMMDetector(1, logarithmic=[True]).fit(X)
 
 
 def test_invalid_parameters_are_named():
