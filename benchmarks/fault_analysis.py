@@ -1,10 +1,11 @@
-"""The fault benchmark's analysis: fit on one clean run, score every other, report.
+"""The fault benchmark's analysis: fit on clean runs, score every run, report.
 
 Recording (``fault_detection.py``) and analysis are apart so that runs recorded by several
-device commands, each at most 10 minutes, are analysed together: the model is fitted on the
-first folder's ``clean-train``, and every other clean run of every folder (the other folders'
-``clean-train`` too: each is a fresh process the model never saw) counts as held-out clean
-time for the false-alarm rate. Scoring goes through the detector's own replay (the windowing,
+device commands, each at most 10 minutes, are analysed together. By default the model is
+fitted on the first folder's ``clean-train``, and every other clean run of every folder (the
+other folders' ``clean-train`` too: each is a fresh process the model never saw) counts as
+held-out clean time for the false-alarm rate; ``--fit-on clean-runs`` fits on all clean runs
+and scores each clean run with the model of the others (see ``analyse``). Scoring goes through the detector's own replay (the windowing,
 features, scoring and attribution of ``detector serve``), and the example anomaly through its
 own emitter, so the report shows what a user of the detector would get.
 """
@@ -113,7 +114,14 @@ def load_recordings(first: Path, merge: list[Path]) -> tuple[dict, list[dict]]:
 
 
 def analyse(args: argparse.Namespace, meta: dict, runs: list[dict]) -> tuple[str, dict]:
-    """Fit one model per entity kind on clean-train, score every other run; the report."""
+    """Fit one model per entity kind on the training runs, score every run; the report.
+
+    ``args.fit_on``: ``clean-train`` fits on the first folder's clean-train and scores every other
+    run with that model; ``clean-runs`` fits on every clean run of every folder, and scores each
+    clean run with a model fitted on all the others (leave one run out), the fault runs with the
+    model of all of them. A user trains on clean runs of the workload, several processes rather
+    than one, and each run's process-to-process differences (GPU temperature, the phase of the
+    step against the metric export) are then part of what the model has seen as normal."""
     DetectorConfig, fit_rows, save_model, entity_label, score_otlp, windows_from_otlp = detector_modules()
     w_ns = int(args.window_s * 1e9)
     cfg = DetectorConfig()
@@ -123,26 +131,38 @@ def analyse(args: argparse.Namespace, meta: dict, runs: list[dict]) -> tuple[str
     if args.threshold_risk:
         cfg.threshold_risk = args.threshold_risk
     cfg.validate()
-    train = runs[0]
+    leave_one_out = getattr(args, "fit_on", "clean-train") == "clean-runs"
+    if leave_one_out:
+        runs = [dict(r, role="clean") if r["role"] == "train" else r for r in runs]
+    training = [r for r in runs if r["role"] == "clean"] if leave_one_out else runs[:1]
+    windows = {(r["name"], kind): windows_from_otlp(Path(r["dir"]) / f"{r['file']}.{kind}.jsonl", cfg)
+               for r in training for kind in KINDS}
+
+    def fit(kind: str, without: str | None = None):
+        rows = [w for r in training if r["name"] != without for w in windows[(r["name"], kind)]]
+        return fit_rows(cfg, rows) if len(rows) >= 10 else None
+
     models, fits = {}, {}
     for kind in KINDS:
-        rows = windows_from_otlp(Path(train["dir"]) / f"{train['file']}.{kind}.jsonl", cfg)
-        if len(rows) < 10:
-            print(f"no {kind} model: clean-train has {len(rows)} {kind} windows (< 10)", file=sys.stderr)
+        model = fit(kind)
+        if model is None:
+            print(f"no {kind} model: the training runs have fewer than 10 {kind} windows", file=sys.stderr)
             continue
-        models[kind] = fit_rows(cfg, rows)
-        save_model(args.out / f"model-{kind}.npz", models[kind])
-        det = models[kind].detector
-        fits[kind] = {"windows": len(rows), "features": len(models[kind].feature_names),
-                      "components": int(det.n_components_), "threshold": round(float(det.threshold_), 3),
-                      "threshold_method": det.threshold_method_}
+        models[kind] = model
+        save_model(args.out / f"model-{kind}.npz", model)
+        det = model.detector
+        fits[kind] = {"windows": sum(len(windows[(r["name"], kind)]) for r in training),
+                      "features": len(model.feature_names), "components": int(det.n_components_),
+                      "threshold": round(float(det.threshold_), 3), "threshold_method": det.threshold_method_}
         print(f"{kind} model: {fits[kind]}", flush=True)
     (args.out / "scores").mkdir(exist_ok=True)
     results, example = [], None
-    for r in runs[1:]:
+    for r in runs if leave_one_out else runs[1:]:
+        own = {kind: fit(kind, without=r["name"]) for kind in models} if leave_one_out and r["role"] == "clean" else models
         scored = []
-        for kind, model in models.items():
-            scored += [(kind, x) for x in score_otlp(Path(r["dir"]) / f"{r['file']}.{kind}.jsonl", cfg, model)]
+        for kind, model in own.items():
+            if model is not None:
+                scored += [(kind, x) for x in score_otlp(Path(r["dir"]) / f"{r['file']}.{kind}.jsonl", cfg, model)]
         scored.sort(key=lambda kx: kx[1].start_ns)
         with open(args.out / "scores" / f"{r['name'].replace('/', '__')}.csv", "w", newline="") as fh:
             w = csv.writer(fh)
@@ -166,7 +186,7 @@ def analyse(args: argparse.Namespace, meta: dict, runs: list[dict]) -> tuple[str
                             layer_right=any(t[2] in expected for t in top) if first and expected else None))
     (args.out / "example_anomaly.json").unlink(missing_ok=True)  # an earlier analysis's
     shown = write_example(args.out / "example_anomaly.json", example) if example else None
-    return report(args, meta, train, fits, list(models), results, shown)
+    return report(args, meta, training, fits, list(models), results, shown)
 
 
 def _better_example(best: tuple | None, run: str, flagged: list) -> tuple:
@@ -218,7 +238,7 @@ def _one_span(traces, span_id: bytes | None):
     return None
 
 
-def report(args, meta: dict, train: dict, fits: dict, models: list[str], results: list[dict],
+def report(args, meta: dict, training: list[dict], fits: dict, models: list[str], results: list[dict],
            shown: dict | None) -> tuple[str, dict]:
     """The .md report (also returned as text) and the JSON result."""
     clean = [x for x in results if x["role"] == "clean"]
@@ -241,8 +261,12 @@ def report(args, meta: dict, train: dict, fits: dict, models: list[str], results
     lines = [
         f"# fault detection: device {recorded['device']}, examples/train.py {recorded['train_args']}, "
         f"window {args.window_s} s, host {platform.node()} ({os.cpu_count()} CPUs)",
-        f"clean-train: {train['steps']} steps (median {train['step_ms_median']:.2f} ms), {train['spans']} spans, "
-        f"{train['points']} metric points; models: {fits}", "",
+        f"fitted on {len(training)} clean run(s) ({', '.join(r['name'] for r in training)}"
+        + ("; each clean run scored by the model of the others" if len(training) > 1 else "")
+        + f"): {sum(r['steps'] for r in training)} steps (median of run medians "
+        f"{sorted(r['step_ms_median'] for r in training)[len(training) // 2]:.2f} ms), "
+        f"{sum(r['spans'] for r in training)} spans, {sum(r['points'] for r in training)} metric points; "
+        f"models (fitted on all of them): {fits}", "",
         markdown_table(header, table), "",
         f"false alarms over {len(clean)} clean held-out runs, {clean_s / 60:.1f} min ({round(clean_s / args.window_s)} "
         f"windows): " + ", ".join(f"{k} model {fa[k]} windows = {per_hour[k]:.1f}/h" for k in models)

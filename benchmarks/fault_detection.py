@@ -247,6 +247,9 @@ def parse_args() -> argparse.Namespace:
                     help="record the runs (runs/, runs.json, logs/) and stop: no model, no scores")
     ap.add_argument("--analyse-only", action="store_true",
                     help="fit and score the runs already recorded in --out (no agent, no workload)")
+    ap.add_argument("--fit-on", choices=("clean-train", "clean-runs"), default="clean-train",
+                    help="analysis: fit on the first folder's clean-train and score every other run (default), or "
+                         "on every clean run, each clean run scored by a model fitted on the others")
     ap.add_argument("--merge", type=Path, nargs="+", default=[], metavar="DIR",
                     help="with --analyse-only: also score the runs recorded in these folders (their clean runs, "
                          "clean-train too, count as held-out); the model is fitted on --out's clean-train")
