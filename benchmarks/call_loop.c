@@ -4,6 +4,9 @@
  * an entry+return probed pair (ncclGroupStart + ncclGroupEnd, two calls). No GPU needed: the
  * calls fail fast with real error codes, so the figure is the probe cost plus the call itself.
  * With CALLS_PER_SECOND the launch loop is paced (batches of 100) to measure sustained capture.
+ * usage: call_loop LIBCUDART LIBNCCL mixed K SECONDS
+ * runs K launches and one ncclGroupStart + ncclGroupEnd pair per iteration, as fast as it can,
+ * for SECONDS: a thread whose speed its probes set, with calls of both kinds interleaved.
  */
 #include <dlfcn.h>
 #include <stdint.h>
@@ -22,10 +25,30 @@ static double now_ns(void)
 	return ts.tv_sec * 1e9 + ts.tv_nsec;
 }
 
+static int mixed(launch_fn launch, void_fn gstart, void_fn gend, const void *stub, long k, double seconds)
+{
+	dim3 g = {1, 1, 1}, b = {32, 1, 1};
+	long iterations = 0;
+	double t0 = now_ns(), end = t0 + seconds * 1e9, t = t0;
+	while (t < end) {
+		for (long i = 0; i < k; i++)
+			launch(stub, g, b, NULL, 0, NULL);
+		gstart();
+		gend();
+		iterations++;
+		t = now_ns();
+	}
+	printf("{\"iteration_ns\": %.1f, \"iterations\": %ld, \"launches\": %ld}\n", (t - t0) / iterations,
+	       iterations, iterations * k);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
-	if (argc != 4 && argc != 5) {
-		fprintf(stderr, "usage: %s LIBCUDART LIBNCCL ITERATIONS [CALLS_PER_SECOND]\n", argv[0]);
+	int is_mixed = argc == 6 && argv[3][0] == 'm';
+	if (argc != 4 && argc != 5 && !is_mixed) {
+		fprintf(stderr, "usage: %s LIBCUDART LIBNCCL ITERATIONS [CALLS_PER_SECOND]\n"
+			"       %s LIBCUDART LIBNCCL mixed K SECONDS\n", argv[0], argv[0]);
 		return 2;
 	}
 	void *rt = dlopen(argv[1], RTLD_NOW), *nccl = dlopen(argv[2], RTLD_NOW);
@@ -42,6 +65,8 @@ int main(int argc, char **argv)
 	 * cudaErrorInsufficientDriver without one. */
 	const void *stub = dlsym(rt, "cudaGetErrorName");
 	launch(stub, g, b, NULL, 0, NULL); /* first call initialises the runtime */
+	if (is_mixed)
+		return mixed(launch, gstart, gend, stub, atol(argv[4]), atof(argv[5]));
 	double rate = argc == 5 ? atof(argv[4]) : 0;
 	double t0 = now_ns();
 	for (long i = 0; i < n; i++) {

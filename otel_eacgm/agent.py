@@ -182,6 +182,11 @@ class Agent:
                 "eacgm.agent.probe.duty", observe(lambda: [
                     Observation(v, {"code.function.name": name}) for name, v in g.duties().items()]),
                 unit="1", description="Share of the time a probe cycled by the overhead guardrail is attached")
+            meter.create_observable_gauge(
+                "eacgm.agent.probe.hit_cost", observe(lambda: [
+                    Observation(v, {"process.pid": pid}) for pid, v in g.hit_costs().items()]),
+                unit="s", description="Cost of one probe hit the guardrail uses for a traced process: probe_hit_cost_us, "
+                                      "or what it measured from the process' slowdown while cycled probes were attached, if higher")
 
     def summary(self) -> str:
         """One line with every self-telemetry counter."""

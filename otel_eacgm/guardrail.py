@@ -20,6 +20,15 @@ stack check as unwound. Probes with uretprobes (synchronisation, NCCL, allocatio
 functions are never cycled. When they alone exceed the budget, the guardrail says so once and
 cycles the others at their minimum share; turning layers off is then the user's choice.
 
+What a hit costs depends on the host and the moment (0.7 to 6 us on one H200 VM within an hour),
+so ``probe_hit_cost_us`` is a floor, not the figure: while probes are cycled, each period
+compares the traced process' rate of uncycled calls (synchronisations, NCCL: attached all the
+time) in its attached and detached phases. Slowed by a share c while the cycled probes were
+on, the process paid c of its time for their hits, so a hit cost c / (cycled hits per second);
+a running mean of that, when above the configured cost, is the cost the estimates use
+(gauge ``eacgm.agent.probe.hit_cost``). A process that waits on its GPU is not slowed and keeps
+the configured cost.
+
 While a group is cycled its statistics are extrapolated: what a probe counted in a stats
 window is divided by the share of the window its group was attached (the gauge
 ``eacgm.agent.probe.duty`` names the probes concerned). For a steady loop this is unbiased; a
@@ -41,6 +50,8 @@ log = logging.getLogger(__name__)
 
 MAX_SLOWDOWN = 0.9  # the largest probe share of attached phases the extrapolation corrects for
 MIN_ATTACHED_S = 0.25  # s: an attached phase spans a few of the agent's 0.1 s ticks at least
+MIN_PHASE_CALLS = 20  # uncycled calls each phase must hold to measure a slowdown (a few % of noise)
+COST_WEIGHT = 0.3  # weight of the newest period in the running mean of the measured hit cost
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,8 +110,11 @@ class Guardrail:
         self._cycled: dict[_Unit, _Cycled] = {}
         self._slots: dict[_Unit, set[int]] = {}  # slots seen hot in each cycled unit
         self.estimates: dict[int, float] = {}    # pid -> estimated cost share with every probe attached
+        self._measured: dict[int, float] = {}     # pid -> running mean of its measured cost per hit, s
+        self._at_detach: tuple[float, dict[tuple[int, int], int]] | None = None  # (time, counts) when last detached
         self._warned_fixed = False
         self._warned_release = False
+        self._warned_cost: set[int] = set()
 
     # --- measurement ----------------------------------------------------------------------
     def observe(self, entries: Sequence[CallStat], now: float) -> dict[tuple[int, int], float]:
@@ -109,10 +123,9 @@ class Guardrail:
         t0, self._last_observe = self._last_observe, now
         window = now - t0
         shares = {unit: share for unit, c in self._cycled.items() if (share := c.share(t0, now)) < 0.999}
-        counts: dict[tuple[int, int], int] = {}
-        for e in entries:
-            counts[(e.pid, e.probe_id)] = counts.get((e.pid, e.probe_id), 0) + e.count
+        counts = self._totals(entries)
         gains = {key: n - self._last_counts.get(key, 0) for key, n in counts.items()}
+        self._measure(counts, t0, now)
         scale = self._extrapolation(gains, shares, window)
         blind = any(share * window < 0.05 for share in shares.values())
         per_pid: dict[int, list[tuple[ProbeSpec | None, int, float]]] = {}
@@ -131,6 +144,57 @@ class Guardrail:
         for c in self._cycled.values():
             c.forget_before(now - 10 * max(self.period_s, window))
         return scale
+
+    @staticmethod
+    def _totals(entries: Sequence[CallStat]) -> dict[tuple[int, int], int]:
+        counts: dict[tuple[int, int], int] = {}
+        for e in entries:
+            counts[(e.pid, e.probe_id)] = counts.get((e.pid, e.probe_id), 0) + e.count
+        return counts
+
+    def _measure(self, counts: Mapping[tuple[int, int], int], t0: float, now: float) -> None:
+        """Update each process' measured cost per hit from the period that ends now: attached
+        from ``t0`` to the last detach, detached after it (see the module docstring)."""
+        at = self._at_detach
+        self._at_detach = None
+        pids = {pid for pid, _ in counts}
+        self._measured = {pid: v for pid, v in self._measured.items() if pid in pids}
+        if at is None or not t0 + MIN_ATTACHED_S / 2 < at[0] < now - MIN_ATTACHED_S / 2:
+            return
+        t_detach, mid = at
+        fixed: dict[int, list[int]] = {}  # pid -> [uncycled calls attached, detached]
+        cycled_hits: dict[int, int] = {}
+        for (pid, slot), n in counts.items():
+            before, between = self._last_counts.get((pid, slot), 0), mid.get((pid, slot))
+            if between is None:
+                continue
+            spec = self._rows.get(slot)
+            if self._unit_of(spec) is None:
+                phases = fixed.setdefault(pid, [0, 0])
+                phases[0] += between - before
+                phases[1] += n - between
+            else:
+                cycled_hits[pid] = cycled_hits.get(pid, 0) + (between - before) * _hits(spec)
+        for pid, (attached, detached) in fixed.items():
+            if attached < MIN_PHASE_CALLS or detached < MIN_PHASE_CALLS or not cycled_hits.get(pid):
+                continue
+            slowdown = max(0.0, 1.0 - (attached / (t_detach - t0)) / (detached / (now - t_detach)))
+            cost = slowdown * (t_detach - t0) / cycled_hits[pid]
+            prev = self._measured.get(pid)
+            self._measured[pid] = cost if prev is None else prev + COST_WEIGHT * (cost - prev)
+            if self._measured[pid] > 1.25 * self.hit_cost_s and pid not in self._warned_cost:
+                self._warned_cost.add(pid)
+                log.warning("guardrail: a probe hit costs pid %d about %.1f us here (measured from its slowdown while "
+                            "the cycled probes were attached), more than probe_hit_cost_us %.1f; the estimates use "
+                            "the measured cost", pid, 1e6 * self._measured[pid], 1e6 * self.hit_cost_s)
+
+    def hit_cost(self, pid: int) -> float:
+        """Seconds per probe hit in process `pid`: the configured cost, or the measured one if higher."""
+        return max(self.hit_cost_s, self._measured.get(pid, 0.0))
+
+    def hit_costs(self) -> dict[int, float]:
+        """Per traced process with a measurement, the cost per hit in use (eacgm.agent.probe.hit_cost)."""
+        return {pid: self.hit_cost(pid) for pid in list(self._measured)}
 
     def _extrapolation(self, gains: Mapping[tuple[int, int], int], shares: Mapping[_Unit, float],
                        window: float) -> dict[tuple[int, int], float]:
@@ -154,7 +218,7 @@ class Guardrail:
             share = floor.get(self._unit_of(spec), 1.0)  # probes that are not cycled: attached all along
             if share < 1.0:
                 cycled[(pid, slot)] = share
-            busy[pid] = busy.get(pid, 0.0) + max(gained, 0) / (window * share) * _hits(spec) * self.hit_cost_s
+            busy[pid] = busy.get(pid, 0.0) + max(gained, 0) / (window * share) * _hits(spec) * self.hit_cost(pid)
         return {(pid, slot): (share + (1.0 - share) / (1.0 - min(busy[pid], MAX_SLOWDOWN))) / share
                 for (pid, slot), share in cycled.items()}
 
@@ -172,7 +236,7 @@ class Guardrail:
         for pid, probes in per_pid.items():
             fixed = cyclable = 0.0
             for spec, slot, rate in probes:
-                cost = rate * _hits(spec) * self.hit_cost_s
+                cost = rate * _hits(spec) * self.hit_cost(pid)
                 unit = self._unit_of(spec)
                 if unit is not None:
                     cyclable += cost
@@ -263,7 +327,10 @@ class Guardrail:
                 self._program.reattach(unit.entries)
                 c.since = time.monotonic()
             else:
-                c.spans.append((c.since, time.monotonic()))
+                t = time.monotonic()
+                if self._at_detach is None:  # the counts the cost measurement splits the period at
+                    self._at_detach = (t, self._totals(self._program.call_stats()))
+                c.spans.append((c.since, t))
                 self._program.detach(unit.entries)
             c.attached = want
         return boundary

@@ -22,6 +22,10 @@ class FakeProgram:
     def __init__(self, multi_links: bool = True) -> None:
         self.multi_links = multi_links
         self.calls: list[tuple[str, GroupKind]] = []
+        self.stats: list[CallStat] = []  # what call_stats() reads (at a detach)
+
+    def call_stats(self) -> list[CallStat]:
+        return self.stats
 
     def detach(self, kind: GroupKind) -> int:
         self.calls.append(("detach", kind))
@@ -149,3 +153,38 @@ def test_a_releasing_child_is_recognised_by_its_name(tmp_path) -> None:  # noqa:
     (tmp_path / "42").mkdir()
     (tmp_path / "42" / "comm").write_text(RELEASER_NAME + "\n")
     assert releases_running(tmp_path)
+
+
+def _one_cycled_period(monkeypatch: pytest.MonkeyPatch, sync_attached_per_s: int) -> tuple[Guardrail, FakeProgram]:
+    """Launches at 100k/s (10% at the configured 1 us) start the cycling at 1 s (duty 0.48 of a
+    10 s period); detached at 6 s, attached again at 11 s, statistics read then. While
+    attached, launches ran at 40k/s and the uncycled synchronisations at `sync_attached_per_s`;
+    detached, the synchronisations ran at 1000/s."""
+    clock = iter([6.0, 11.0])
+    monkeypatch.setattr("otel_eacgm.guardrail.time.monotonic", lambda: next(clock))
+    g, program = guardrail()
+    g.observe([stat("cuLaunchKernel", 100_000), stat("cuStreamSynchronize", 1_000)], 1.0)
+    assert g.duty == pytest.approx((0.05 - 0.002) / 0.10)
+    program.stats = [stat("cuLaunchKernel", 300_000), stat("cuStreamSynchronize", 1_000 + 5 * sync_attached_per_s)]
+    g.tick(6.0)
+    assert g.tick(11.0) is True
+    g.observe([stat("cuLaunchKernel", 300_000), stat("cuStreamSynchronize", 1_000 + 5 * sync_attached_per_s + 5_000)], 11.0)
+    return g, program
+
+
+def test_a_process_slowed_by_its_probes_more_than_the_configured_cost_says_gets_the_measured_cost(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING):
+        g, _ = _one_cycled_period(monkeypatch, sync_attached_per_s=800)
+    # 20% slower while 200k launch hits landed in 5 s: 0.2 x 5 s / 200k = 5 us a hit, not 1
+    assert g.hit_cost(7) == pytest.approx(5e-6)
+    assert g.hit_costs() == {7: pytest.approx(5e-6)}
+    assert any("about 5.0 us" in r.message for r in caplog.records)
+    # the estimate with every probe attached: launches 40k/s x 5 us, synchronisations 2 x 1000/s x 5 us
+    assert g.estimates[7] > 0.2 and g.duty < 0.48
+
+
+def test_a_process_its_probes_do_not_slow_keeps_the_configured_cost(monkeypatch: pytest.MonkeyPatch) -> None:
+    g, _ = _one_cycled_period(monkeypatch, sync_attached_per_s=1_000)
+    assert g.hit_cost(7) == 1e-6
+    assert g.hit_costs() == {7: 1e-6}  # measured (0 slowdown), the configured cost in use
