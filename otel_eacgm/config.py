@@ -138,7 +138,8 @@ class AgentConfig:
     overhead_budget: float = 0.05
     """Probe time a traced process may spend, as a share of its wall time (0: no guardrail)."""
     probe_hit_cost_us: float = 2.0
-    """Cost of one uprobe hit inside a real job (H200: 0.74 us in a tight loop, about 2 us inside PyTorch steps; docs/design.md)."""
+    """Cost of one uprobe hit inside a real job, a floor: while probes are cycled the agent measures the cost and uses it
+    when higher (H200: 0.74 us in a tight loop, about 2 us inside PyTorch steps, 6 us in a noisy stretch; docs/design.md)."""
     guardrail_period_s: float = 2.0
     """Duty-cycle period of probes the guardrail throttles (longer when the duty is below 0.25 s / period)."""
     guardrail_min_duty: float = 0.05
