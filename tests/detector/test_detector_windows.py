@@ -62,12 +62,12 @@ def test_span_features_and_nccl_bandwidth():
 def test_metric_features_gauge_and_cumulative_rate():
     w = windows()
     series = (("network.io.direction", "receive"),)
-    for t, v in [(1, 100.0), (3, 300.0), (5, 700.0)]:
+    for t, v in [(1, 100.0), (5, 300.0), (9, 1300.0)]:
         w.add_point(MetricPoint(ENT, t * S, "system.network.io", "cumulative", series, v))
     for t, v in [(2, 0.5), (4, 0.9)]:
         w.add_point(MetricPoint(ENT, t * S, "hw.gpu.utilization", "gauge", (), v))
     f = window_features(w.drain()[0])
-    assert f["metric.system.network.io.receive.rate"] == 150.0  # 600 By over 4 s
+    assert f["metric.system.network.io.receive.rate"] == 150.0  # 1200 By over 8 s
     assert f["metric.hw.gpu.utilization.mean"] == 0.7 and f["metric.hw.gpu.utilization.max"] == 0.9
     assert feature_category("metric.hw.gpu.utilization.mean") == "gpu"
     assert feature_category("metric.system.network.io.receive.rate") == "network"
@@ -84,7 +84,7 @@ def test_a_cumulative_histogram_gives_the_mean_of_what_the_window_added():
     req = ExportMetricsServiceRequest()
     m = req.resource_metrics.add().scope_metrics.add().metrics.add(name="eacgm.call.duration")
     m.histogram.aggregation_temporality = metrics_pb2.AGGREGATION_TEMPORALITY_CUMULATIVE
-    for t, count, total in [(1, 100, 0.100), (3, 105, 0.125), (5, 110, 0.150)]:
+    for t, count, total in [(1, 100, 0.100), (5, 105, 0.125), (9, 110, 0.150)]:
         m.histogram.data_points.add(time_unix_nano=t * S, count=count, sum=total)
     w = windows()
     points, rejected = points_from_request(req, ("host.name",))
@@ -93,7 +93,22 @@ def test_a_cumulative_histogram_gives_the_mean_of_what_the_window_added():
         w.add_point(MetricPoint(ENT, p.time_ns, p.name, p.kind, p.series, p.value))
     f = window_features(w.drain()[0])
     assert math.isclose(f["metric.eacgm.call.duration.mean"], 0.005)
-    assert math.isclose(f["metric.eacgm.call.duration.count.rate"], 2.5)  # 10 calls over 4 s
+    assert math.isclose(f["metric.eacgm.call.duration.count.rate"], 1.25)  # 10 calls over 8 s
+
+
+def test_a_series_that_began_in_a_window_gives_its_rate_only_if_it_covers_most_of_it():
+    """A fresh process exported every second into 10 s windows: its series' first point (at
+    8 s) is a baseline, and one increment (8..9 s) is too short a look at a bursty count; the
+    next window, covered whole, has the rate. A series that began at 1 s covers 8 s of its
+    first window, enough."""
+    late, early = windows(), windows()
+    for t in range(8, 25):
+        late.add_point(MetricPoint(ENT, t * S, "eacgm.calls", "cumulative", (), 50.0 + 10.0 * t))
+    for t in range(1, 12):
+        early.add_point(MetricPoint(ENT, t * S, "eacgm.calls", "cumulative", (), 10.0 * t))
+    first, second = (window_features(x) for x in late.drain()[:2])
+    assert math.isnan(first["metric.eacgm.calls.rate"]) and second["metric.eacgm.calls.rate"] == 10.0
+    assert window_features(early.drain()[0])["metric.eacgm.calls.rate"] == 10.0
 
 
 def test_function_names_are_bounded_with_an_other_bucket():
