@@ -343,8 +343,9 @@ class CallProgram:
             return
         entry = self._groups.setdefault(group, _Attached(()))
         try:
-            entry.handles += self._attach_now(group, probes)
-            entry.probes += tuple(probes)
+            handles, attached = self._attach_now(group, probes)
+            entry.handles += handles
+            entry.probes += tuple(attached)
         except BpfError as exc:
             raise BpfError(f"{label or group.kind.value}: {exc}") from None
 
@@ -355,24 +356,30 @@ class CallProgram:
             cookies=tuple(uprobe_multi.cookie(p.slot, p.tail) for p in probes),
             ref_ctr_offsets=refs if any(refs) else (), retprobe=retprobe, pid=group.pid))
 
-    def _attach_now(self, group: Group, probes: Sequence[Probe]) -> list[int | str]:
+    def _attach_now(self, group: Group, probes: Sequence[Probe]) -> tuple[list[int | str], list[Probe]]:
+        """Handles of what was attached, and the probes it covers (with links, a probe another
+        tool's probe refuses is left out; see _link_each)."""
         if self.multi_links:
             handles: list[int | str] = []
+            attached: list[Probe] = []
             for retprobe in (False, True):
                 part = [p for p in probes if p.retprobe == retprobe]
                 if not part:
                     continue
                 try:
                     handles.append(self._link(group, part, retprobe))
+                    attached += part
                 except uprobe_multi.LinkError as exc:
                     try:
                         if len(part) == 1:
                             raise BpfError(f"{exc}; see the kernel log (dmesg)") from None
-                        handles += self._link_each(group, part, retprobe, exc)
+                        each, linked = self._link_each(group, part, retprobe, exc)
+                        handles += each
+                        attached += linked
                     except BpfError:
                         self._close_handles(handles)
                         raise
-            return handles
+            return handles, attached
         names: list[int | str] = []
         for p in probes:
             try:
@@ -380,25 +387,27 @@ class CallProgram:
             except BpfError:
                 self._close_handles(names)
                 raise
-        return names
+        return names, list(probes)
 
-    def _link_each(self, group: Group, probes: Sequence[Probe], retprobe: bool, exc: OSError) -> list[int | str]:
+    def _link_each(self, group: Group, probes: Sequence[Probe], retprobe: bool,
+                   exc: OSError) -> tuple[list[int | str], list[Probe]]:
         # One refused offset refuses the whole link. The usual cause is another tool's uprobe on
         # the same instruction registered with a different USDT semaphore offset (BCC 0.26's
         # attach_uprobe passes an uninitialised one; dmesg: "ref_ctr_offset mismatch"): the
         # kernel allows one per instruction. Link the probes one by one and give up only on those.
         handles: list[int | str] = []
-        refused = []
+        linked, refused = [], []
         for p in probes:
             try:
                 handles.append(self._link(group, [p], retprobe))
+                linked.append(p)
             except uprobe_multi.LinkError:
                 refused.append(p)
         if len(refused) == len(probes):
             raise BpfError(f"{exc}; see the kernel log (dmesg)")
         log.warning("%s: %d of %d probes refused (%s; another tool's probe on the same instruction? see dmesg), "
                     "the others attached one link each", group.path, len(refused), len(probes), exc.strerror)
-        return handles
+        return handles, linked
 
     def _attach_perf(self, group: Group, p: Probe) -> str:
         fn_name = {Tail.ENTRY: f"entry_{p.slot}", Tail.RETURN: f"return_{p.slot}",
@@ -447,8 +456,9 @@ class CallProgram:
         for group, entry in self._groups.items():
             if group.kind is kind and not entry.handles:
                 try:
-                    entry.handles = self._attach_now(group, entry.probes)
-                    n += len(entry.probes)
+                    entry.handles, attached = self._attach_now(group, entry.probes)
+                    entry.probes = tuple(attached)
+                    n += len(attached)
                 except BpfError as exc:
                     log.warning("re-attaching %s probes of %s failed: %s", kind.value, group.path, exc)
         return n

@@ -71,3 +71,28 @@ def test_an_agent_on_perf_events_captures_every_call(pipeline) -> None:  # noqa:
     pid = calls[0]["tid"]
     assert pipeline.store.wait_for(
         lambda: len([s for s in pipeline.store.spans() if s["attributes"].get("process.pid") == pid]) >= 10, 30)
+
+
+@pytest.mark.skipif(not kernel_has_uprobe_multi(), reason="uprobe_multi links need kernel 6.6+")
+def test_a_probe_another_tool_holds_is_left_out_of_the_link_and_of_the_count() -> None:
+    """Another tool's uprobe on cudaLaunchKernel with a USDT semaphore offset (as BCC 0.26's
+    attach_uprobe leaves one) makes the kernel refuse our link at that instruction; the other
+    probe of the group is linked on its own, and only it is counted and re-attached."""
+    import nvidia.cu13  # noqa: PLC0415
+
+    lib = os.path.join(list(nvidia.cu13.__path__)[0], "lib", "libcudart.so.13")
+    other = CallProgram(ProgramOptions(filter_pids=False, uprobe_multi=False))
+    ours = CallProgram(ProgramOptions(filter_pids=False, uprobe_multi=True))
+    try:
+        launch, sync = other.resolve(lib, "cudaLaunchKernel"), other.resolve(lib, "cudaStreamSynchronize")
+        other.configure(LAUNCH_SLOT, CATALOG[LAUNCH_SLOT])
+        other.attach(Group(GroupKind.LAUNCH, lib), [Probe(launch, Tail.ENTRY, LAUNCH_SLOT, ref_ctr_offset=0x6)])
+        ours.configure(LAUNCH_SLOT, CATALOG[LAUNCH_SLOT])
+        group = Group(GroupKind.LAUNCH, lib)
+        ours.attach(group, [Probe(launch, Tail.ENTRY, LAUNCH_SLOT), Probe(sync, Tail.ENTRY, LAUNCH_SLOT)])
+        assert ours.probe_count == 1
+        assert ours.detach(GroupKind.LAUNCH) == 1
+        assert ours.reattach(GroupKind.LAUNCH) == 1
+    finally:
+        ours.close()
+        other.close()
