@@ -5,9 +5,10 @@ device commands, each at most 10 minutes, are analysed together. By default the 
 fitted on the first folder's ``clean-train``, and every other clean run of every folder (the
 other folders' ``clean-train`` too: each is a fresh process the model never saw) counts as
 held-out clean time for the false-alarm rate; ``--fit-on clean-runs`` fits on all clean runs
-and scores each clean run with the model of the others (see ``analyse``). Scoring goes through the detector's own replay (the windowing,
-features, scoring and attribution of ``detector serve``), and the example anomaly through its
-own emitter, so the report shows what a user of the detector would get.
+and scores each clean run with the model of the others (see ``analyse``). Scoring goes
+through the detector's own replay (the windowing, features, scoring and attribution of
+``detector serve``), and the example anomaly through its own emitter, so the report shows
+what a user of the detector would get.
 """
 
 from __future__ import annotations
@@ -131,7 +132,7 @@ def analyse(args: argparse.Namespace, meta: dict, runs: list[dict]) -> tuple[str
     if args.threshold_risk:
         cfg.threshold_risk = args.threshold_risk
     cfg.validate()
-    leave_one_out = getattr(args, "fit_on", "clean-train") == "clean-runs"
+    leave_one_out = args.fit_on == "clean-runs"
     if leave_one_out:
         runs = [dict(r, role="clean") if r["role"] == "train" else r for r in runs]
     training = [r for r in runs if r["role"] == "clean"] if leave_one_out else runs[:1]
