@@ -258,6 +258,7 @@ def analyse(blocks: list[dict], attaches: list[dict], workloads: list[str], conf
                    "step_ms_min": min(b["median_ms"] for b in runs.values()),
                    "step_ms_max": max(b["median_ms"] for b in runs.values()),
                    "ratio": med(ratios), "ratio_min": min(ratios, default=None), "ratio_max": max(ratios, default=None),
+                   "ratio_per_round": [round(x, 3) for x in ratios],
                    "throughput_ratio": med(tput), "target": TARGETS.get(w) if cfg == "agent_default" else None}
             if cfg.startswith("agent"):
                 base_ms = med([b["median_ms"] for b in base.values()])
@@ -282,7 +283,7 @@ def report(rows: list[dict], attaches: list[dict], blocks: list[dict], info: dic
            host: dict | None = None) -> str:
     """The tables; `host` names the machine that ran the blocks (default: this one)."""
     host = host or {"node": platform.node(), "cpus": os.cpu_count()}
-    header = ["workload", "config", "step ms (median)", "vs untraced", "throughput vs untraced", "target",
+    header = ["workload", "config", "step ms (median)", "vs untraced", "per round", "throughput vs untraced", "target",
               "calls/step", "launches/step", "est. probe hits/step", "added us/call", "agent CPU s/step",
               "agent CPU share", "agent RSS MiB", "spans/s (100%)", "drops"]
     table = []
@@ -291,7 +292,8 @@ def report(rows: list[dict], attaches: list[dict], blocks: list[dict], info: dic
         worst = None if r["ratio"] is None or r["throughput_ratio"] is None else max(r["ratio"], 1 / r["throughput_ratio"])
         ok = None if r.get("target") is None or worst is None else \
             f"<= {r['target']} ({'met' if worst <= r['target'] else 'MISSED'})"
-        table.append([r["workload"], r["config"], r["step_ms"], r["ratio"], r["throughput_ratio"], ok,
+        table.append([r["workload"], r["config"], r["step_ms"], r["ratio"],
+                      ", ".join(map(str, r.get("ratio_per_round", []))) or None, r["throughput_ratio"], ok,
                       r.get("calls_per_step"), r.get("launches_per_step"), r.get("probe_hits_per_step_est"),
                       r.get("added_us_per_call"), r.get("agent_cpu_s_per_step"), r.get("agent_cpu_share"),
                       r.get("agent_rss_mib"), r.get("events_per_s"), r.get("dropped")])
