@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -34,3 +35,13 @@ def summary(stderr: str) -> dict[str, int]:
     if not lines:
         raise AssertionError(f"agent printed no summary; stderr:\n{stderr[-3000:]}")
     return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", lines[-1].split(" done: ", 1)[1])}
+
+
+def wait_for_earlier_releases(timeout_s: float = 60) -> None:
+    """An earlier test's agent may still be releasing its probes, and the guardrail cycles nothing
+    before that ends: wait for it (at most `timeout_s`)."""
+    from otel_eacgm.bpf_loader import releases_running  # noqa: PLC0415 - the eBPF tests' import
+
+    deadline = time.monotonic() + timeout_s
+    while releases_running() and time.monotonic() < deadline:
+        time.sleep(0.5)

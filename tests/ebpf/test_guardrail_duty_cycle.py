@@ -11,13 +11,11 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from agent_run import agent_cmd, summary
-from otel_eacgm.bpf_loader import releases_running
+from agent_run import agent_cmd, summary, wait_for_earlier_releases
 
 pytestmark = pytest.mark.ebpf
 
@@ -38,13 +36,6 @@ def loop_binary(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
 @pytest.fixture
 def call_loop(loop_binary: list[str]) -> list[str]:
     return [*loop_binary, str(RATE * SECONDS), str(RATE)]
-
-
-def wait_for_earlier_releases() -> None:
-    """An earlier test's agent may still be releasing its probes: the guardrail waits for that."""
-    deadline = time.monotonic() + 60
-    while releases_running() and time.monotonic() < deadline:
-        time.sleep(0.5)
 
 
 def test_an_over_budget_launch_probe_is_cycled_and_its_count_extrapolated(pipeline, call_loop) -> None:  # noqa: ANN001

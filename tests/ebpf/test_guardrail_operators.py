@@ -15,12 +15,10 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
-from agent_run import agent_cmd, summary
-from otel_eacgm.bpf_loader import releases_running
+from agent_run import agent_cmd, summary, wait_for_earlier_releases
 
 pytestmark = pytest.mark.ebpf
 
@@ -37,9 +35,7 @@ print(json.dumps({{"adds": n}}))
 
 
 def test_over_budget_operator_probes_are_cycled_and_their_counts_extrapolated(pipeline) -> None:  # noqa: ANN001
-    deadline = time.monotonic() + 60  # an earlier test's agent may still be releasing its probes
-    while releases_running() and time.monotonic() < deadline:
-        time.sleep(0.5)
+    wait_for_earlier_releases()
     env = dict(os.environ, OTEL_EACGM_OVERHEAD_BUDGET="0.001", OTEL_EACGM_PROBE_HIT_COST_US="10",
                OTEL_EACGM_GUARDRAIL_PERIOD_S="1", OTEL_EACGM_METRICS_INTERVAL_S="1", OTEL_EACGM_LOG_LEVEL="info",
                OTEL_EACGM_TORCH_INCLUDE="add_", OTEL_EACGM_GPU_METRICS="0",

@@ -27,6 +27,13 @@ def kernel_has_uprobe_multi() -> bool:
     return (major, minor) >= (6, 6)
 
 
+def libcudart() -> str:
+    """The real libcudart of the nvidia-cuda-runtime wheel."""
+    import nvidia.cu13  # noqa: PLC0415
+
+    return os.path.join(list(nvidia.cu13.__path__)[0], "lib", "libcudart.so.13")
+
+
 def launches(n: int) -> int:
     """Run the ctypes workload making n cudaLaunchKernel calls; returns its pid."""
     out = subprocess.run([sys.executable, WORKLOAD, json.dumps([["cudaLaunchKernel", n]])], capture_output=True,
@@ -42,9 +49,7 @@ def test_a_detached_group_stops_counting_and_counts_again_once_reattached(multi:
         program.configure(LAUNCH_SLOT, CATALOG[LAUNCH_SLOT])
         program.set_sampling(Sampling(ratio=0.0, slow_s=10.0, slice_s=1.0, resample_s=0.01, salt=1, statistics=True,
                                      slice_max=0))
-        import nvidia.cu13  # noqa: PLC0415
-
-        lib = os.path.join(list(nvidia.cu13.__path__)[0], "lib", "libcudart.so.13")
+        lib = libcudart()
         offset = program.resolve(lib, "cudaLaunchKernel")
         program.attach(Group(GroupKind.LAUNCH, lib), [Probe(offset, Tail.ENTRY, LAUNCH_SLOT)])
         assert program.probe_count == 1
@@ -78,9 +83,7 @@ def test_a_probe_another_tool_holds_is_left_out_of_the_link_and_of_the_count() -
     """Another tool's uprobe on cudaLaunchKernel with a USDT semaphore offset (as BCC 0.26's
     attach_uprobe leaves one) makes the kernel refuse our link at that instruction; the other
     probe of the group is linked on its own, and only it is counted and re-attached."""
-    import nvidia.cu13  # noqa: PLC0415
-
-    lib = os.path.join(list(nvidia.cu13.__path__)[0], "lib", "libcudart.so.13")
+    lib = libcudart()
     other = CallProgram(ProgramOptions(filter_pids=False, uprobe_multi=False))
     ours = CallProgram(ProgramOptions(filter_pids=False, uprobe_multi=True))
     try:
