@@ -732,6 +732,28 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
 	return 0;
 }
 
+/* A process that executes another program keeps its pid but is then that program (a launched
+ * command's waiter becoming the command, a wrapper script exec'ing python): the agent reads
+ * its resource again. The tracepoint fires once the new image is set up, so /proc/PID shows
+ * the new executable and environment. A lost event costs a stale name, not a call: it is not
+ * counted as a ring-buffer drop. */
+TRACEPOINT_PROBE(sched, sched_process_exec)
+{
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+#ifdef EACGM_FILTER_PIDS
+	if (!targets.lookup(&tgid))
+		return 0;
+#endif
+	struct exec_event *ev = events.ringbuf_reserve(sizeof(*ev));
+	if (ev) {
+		ev->type = EACGM_EVENT_EXEC;
+		ev->pad0[0] = ev->pad0[1] = ev->pad0[2] = 0;
+		ev->pid = tgid;
+		events.ringbuf_submit(ev, 0);
+	}
+	return 0;
+}
+
 #if defined(EACGM_FILTER_PIDS) && defined(EACGM_FOLLOW_FORKS)
 TRACEPOINT_PROBE(sched, sched_process_fork)
 {

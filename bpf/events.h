@@ -27,6 +27,7 @@ enum eacgm_event_type {
 	EACGM_EVENT_LIB_OPEN = 3,  /* struct lib_open_event */
 	EACGM_EVENT_THREAD_EXIT = 4, /* struct thread_exit_event */
 	EACGM_EVENT_PY_CALL = 5,   /* struct py_call_event */
+	EACGM_EVENT_EXEC = 6,      /* struct exec_event */
 };
 
 
@@ -90,6 +91,13 @@ struct thread_exit_event {
 	__u32 tid;
 	__u32 depth;
 	__u64 exit_ns;
+};
+
+/* A process executed a new program (its pid stays, its executable and environment change). */
+struct exec_event {
+	__u8 type;
+	__u8 pad0[3];
+	__u32 pid;
 };
 
 /* Per-probe settings written by the agent into the probe_conf array. */

@@ -33,6 +33,7 @@ class EventType(enum.IntEnum):
     LIB_OPEN = 3
     THREAD_EXIT = 4
     PY_CALL = 5
+    EXEC = 6
 
 
 class CallFlags(enum.IntFlag):
@@ -120,6 +121,16 @@ class ThreadExitEvent(ctypes.Structure):
     ]
 
 
+class ExecEvent(ctypes.Structure):
+    """A process executed a new program: struct exec_event."""
+
+    _fields_ = [
+        ("type", ctypes.c_uint8),
+        ("pad0", ctypes.c_uint8 * 3),
+        ("pid", ctypes.c_uint32),
+    ]
+
+
 class ProbeConf(ctypes.Structure):
     """Per-probe settings in the BPF `probe_conf` array: struct probe_conf."""
 
@@ -159,6 +170,7 @@ EVENT_STRUCTS: dict[EventType, type[ctypes.Structure]] = {
     EventType.LIB_OPEN: LibOpenEvent,
     EventType.THREAD_EXIT: ThreadExitEvent,
     EventType.PY_CALL: PyCallEvent,
+    EventType.EXEC: ExecEvent,
 }
 
 

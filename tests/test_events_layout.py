@@ -17,6 +17,7 @@ STRUCTS = {
     "call_str_event": events.CallStrEvent,
     "lib_open_event": events.LibOpenEvent,
     "thread_exit_event": events.ThreadExitEvent,
+    "exec_event": events.ExecEvent,
     "probe_conf": events.ProbeConf,
     "py_call_event": events.PyCallEvent,
     "py_rule": events.PyRule,

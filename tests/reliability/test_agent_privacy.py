@@ -94,13 +94,16 @@ def test_no_buffer_content_environment_or_command_line_is_exported(pipeline) -> 
 
 
 def test_command_line_and_environment_are_opt_in(tmp_path: Path) -> None:
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", CANARY],
+    code = "import time; print('ready', flush=True); time.sleep(30)"
+    child = subprocess.Popen([sys.executable, "-c", code, CANARY], stdout=subprocess.PIPE, text=True,
                              env=dict(os.environ, EACGM_SECRET=CANARY, SLURM_JOB_ID="42"))
     try:
+        # Read once it runs: while its exec is under way /proc/PID/{cmdline,environ} read empty.
+        assert child.stdout.readline().strip() == "ready"
         default = dict(process_resource(child.pid).attributes)
         assert CANARY not in repr(default)
         opted = dict(process_resource(child.pid, command_line=True, environment=["SLURM_JOB_ID", "ABSENT"]).attributes)
-        assert opted["process.command_args"] == (sys.executable, "-c", "import time; time.sleep(30)", CANARY)
+        assert opted["process.command_args"] == (sys.executable, "-c", code, CANARY)
         assert opted["process.environment_variable.SLURM_JOB_ID"] == "42"
         assert "process.environment_variable.ABSENT" not in opted
         assert "process.environment_variable.EACGM_SECRET" not in opted  # only the names asked for
