@@ -203,7 +203,8 @@ class Guardrail:
         The probes slow a thread while attached, so its attached-phase rate r_a is below the
         rate it runs at detached. For a thread kept busy by its calls (a launch-bound loop,
         where the guardrail acts) the detached rate is r_a / (1 - c), c being the share of the
-        attached phases spent in probes, estimated from the hit rates; a thread mostly waiting
+        attached phases spent in the cycled probes, estimated from their hit rates (the probes
+        attached all along slow both phases alike); a thread mostly waiting
         (GPU-bound) has a small c, and the correction with it. So the window's calls are
         n (share + (1 - share) / (1 - c)) / share for n counted in its attached share."""
         if not shares or window <= 0:
@@ -216,9 +217,9 @@ class Guardrail:
         for (pid, slot), gained in gains.items():
             spec = self._rows.get(slot)
             share = floor.get(self._unit_of(spec), 1.0)  # probes that are not cycled: attached all along
-            if share < 1.0:
+            if share < 1.0:  # only these slow the attached phases against the detached ones
                 cycled[(pid, slot)] = share
-            busy[pid] = busy.get(pid, 0.0) + max(gained, 0) / (window * share) * _hits(spec) * self.hit_cost(pid)
+                busy[pid] = busy.get(pid, 0.0) + max(gained, 0) / (window * share) * _hits(spec) * self.hit_cost(pid)
         return {(pid, slot): (share + (1.0 - share) / (1.0 - min(busy[pid], MAX_SLOWDOWN))) / share
                 for (pid, slot), share in cycled.items()}
 

@@ -97,6 +97,22 @@ def test_a_thread_slowed_by_its_probes_is_extrapolated_at_its_detached_speed(mon
     assert scale[(7, SLOT["cuLaunchKernel"])] == pytest.approx(made / (6 * 400_000))
 
 
+def test_probes_attached_all_along_do_not_count_in_the_slowdown_correction(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = iter([7.0, 12.0])
+    monkeypatch.setattr("otel_eacgm.guardrail.time.monotonic", lambda: next(clock))
+    g, _ = guardrail()
+    g.observe([stat("cuLaunchKernel", 100_000), stat("cuStreamSynchronize", 1_000)], 1.0)
+    g.tick(7.0)
+    g.tick(12.0)
+    # as above, plus 100k synchronisations/s in both phases (2 hits each: 20% of the thread's
+    # time): they slow the attached and the detached phases alike, so the launches' detached
+    # rate is still 400k / 0.6 a second (H200, 2026-12-04: counting them overestimated by 20%)
+    scale = g.observe([stat("cuLaunchKernel", 100_000 + 6 * 400_000),
+                       stat("cuStreamSynchronize", 1_000 + 11 * 100_000)], 12.0)
+    made = 6 * 400_000 + 5 * 400_000 / 0.6
+    assert scale[(7, SLOT["cuLaunchKernel"])] == pytest.approx(made / (6 * 400_000))
+
+
 def test_operators_are_cycled_entries_first_and_exits_a_tick_later() -> None:
     g, program = guardrail()
     # add_ 50k/s x 2 hits (10%) and launches 50k/s (5%): both cyclable, duty 0.05 / 0.15
