@@ -49,9 +49,9 @@ def run_entity(job) -> dict:
     out = {}
     for name, scorer in SCORERS.items():
         t = time.perf_counter()
-        scores, thr = scorer(train, test)
+        scores, flags = scorer(train, test)
         fit_s = time.perf_counter() - t
-        out[name] = figures(labels, scores, scores > thr, vus) | {"_s": fit_s, "_n": len(test)}
+        out[name] = figures(labels, scores, flags, vus) | {"_s": fit_s, "_n": len(test)}
     return out
 
 

@@ -1,13 +1,16 @@
 """Baseline anomaly scorers for the detector benchmark, scored like the detector.
 
 Every scorer maps (train, test) to anomaly scores (higher = more anomalous) for the test
-rows and a label-free threshold. The detector runs as ``otel-eacgm detector fit``/``score``
-run it on a feature table (context features, out-of-fold POT threshold); the baselines are
-fitted on a random 80% of train and thresholded by the same Peaks-Over-Threshold rule on
-the other 20%.
+rows and their flags, chosen without labels. The detector runs as ``otel-eacgm detector
+fit``/``score`` run it on a feature table (context features, out-of-fold POT threshold, flags
+as ``serve`` raises them: ``confirm_windows`` consecutive rows below the threshold or one far
+below it); the baselines are fitted on a random 80% of train and every test row above the
+same Peaks-Over-Threshold rule's threshold on the other 20% is flagged.
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import numpy as np
 from sklearn.decomposition import PCA
@@ -27,10 +30,11 @@ def _split(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return idx[:cut], idx[cut:]
 
 
-def _threshold(held_out_scores: np.ndarray) -> float:
-    """POT threshold on anomaly scores (the rule works on log-likelihood-like 'higher is normal')."""
+def _flagged(scores: np.ndarray, held_out_scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The scores and their flags: above the POT threshold of the held-out scores (the rule
+    works on log-likelihood-like 'higher is normal', hence the negations)."""
     t, _ = pot_threshold(-held_out_scores, RISK)
-    return -t
+    return scores, scores > -t
 
 
 def gmm(train, test, **config):
@@ -40,12 +44,13 @@ def gmm(train, test, **config):
     names = [f"x{j}" for j in range(train.shape[1])]
     model = fit_table(cfg, names, train)
     X, _ = table_features(model, names, test)
-    return -model.detector.score_samples(X), -model.detector.threshold_
+    scores = model.detector.score_samples(X)
+    return -scores, model.detector.anomalies(scores, cfg.confirm_windows)
 
 
 def random_scores(train, test):
     rng = np.random.default_rng(0)
-    return rng.random(len(test)), _threshold(rng.random(len(train) - int(0.8 * len(train))))
+    return _flagged(rng.random(len(test)), rng.random(len(train) - int(0.8 * len(train))))
 
 
 def pca_error(train, test, variance: float = 0.95):
@@ -56,14 +61,16 @@ def pca_error(train, test, variance: float = 0.95):
     def err(X):
         Z = scaler.transform(X)
         return ((Z - pca.inverse_transform(pca.transform(Z))) ** 2).sum(axis=1)
-    return err(test), _threshold(err(train[hold_idx]))
+    return _flagged(err(test), err(train[hold_idx]))
 
 
 def isolation_forest(train, test):
     fit_idx, hold_idx = _split(len(train))
     forest = IsolationForest(n_estimators=100, random_state=0).fit(train[fit_idx])
-    return -forest.score_samples(test), _threshold(-forest.score_samples(train[hold_idx]))
+    return _flagged(-forest.score_samples(test), -forest.score_samples(train[hold_idx]))
 
 
-SCORERS = {"detector (GMM)": gmm, "random": random_scores, "PCA recon. error": pca_error,
-           "IsolationForest": isolation_forest}
+#: "each window alone" is the detector with every row below its threshold flagged, as before
+#: ``confirm_windows``: the same fit (same seed), so the two rows differ by the rule alone.
+SCORERS = {"detector (GMM)": gmm, "detector, each window alone": partial(gmm, confirm_windows=1),
+           "random": random_scores, "PCA recon. error": pca_error, "IsolationForest": isolation_forest}

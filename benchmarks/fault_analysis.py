@@ -165,11 +165,15 @@ def analyse(args: argparse.Namespace, meta: dict, runs: list[dict]) -> tuple[str
             if model is not None:
                 scored += [(kind, x) for x in score_otlp(Path(r["dir"]) / f"{r['file']}.{kind}.jsonl", cfg, model)]
         scored.sort(key=lambda kx: kx[1].start_ns)
+        # Each window with both thresholds and its run below the first, so that another
+        # decision rule can be tried on these files alone once the recordings are gone.
         with open(args.out / "scores" / f"{r['name'].replace('/', '__')}.csv", "w", newline="") as fh:
             w = csv.writer(fh)
-            w.writerow(["timestamp", "window_end", "model", "entity", "score", "anomaly", "top_features"])
+            w.writerow(["timestamp", "window_end", "model", "entity", "score", "threshold", "single_threshold",
+                        "below", "anomaly", "top_features"])
             for kind, x in scored:
-                w.writerow([x.start_ns, x.end_ns, kind, entity_label(x.entity), x.score, int(x.anomalous),
+                w.writerow([x.start_ns, x.end_ns, kind, entity_label(x.entity), x.score, x.threshold,
+                            own[kind].detector.single_threshold_, x.below, int(x.anomalous),
                             ";".join(c.name for c in x.top)])
         flagged = [(k, x) for k, x in scored if x.anomalous]
         if r["role"] == "fault" and flagged:

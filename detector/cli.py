@@ -2,7 +2,8 @@
 
 ``serve`` runs the OTLP receiver; ``fit`` trains a model offline from recorded OTLP
 (``.jsonl``/``.json``) or a CSV of window features; ``score`` writes, per CSV row (or per
-window of a recording), the score and the 0/1 anomaly flag at the model's own threshold.
+window of a recording), the score and the 0/1 anomaly flag that ``serve`` would raise (the
+model's threshold, ``confirm_windows`` consecutive windows or one far below it).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ log = logging.getLogger("eacgm_detector")
 def _config(args) -> DetectorConfig:
     cfg = (DetectorConfig.load(args.config) if args.config else DetectorConfig()).apply_environment()
     for key in ("listen", "export_endpoint", "model_path", "covariance_type", "max_components",
-                "window_s", "threshold_method", "threshold_risk"):
+                "window_s", "threshold_method", "threshold_risk", "confirm_windows"):
         val = getattr(args, key, None)
         if val is not None:
             setattr(cfg, key, val)
@@ -95,13 +96,15 @@ def _score(args) -> int:
     if missing:
         log.warning("%s lacks %d model features (imputed): %s", args.input, len(missing), missing[:5])
     scores = model.detector.score_samples(Xm)
-    flags = (scores < model.detector.threshold_).astype(int)
+    # Rows are consecutive windows of one entity: flagged as `serve` would report them.
+    confirm = _config(args).confirm_windows
+    flags = model.detector.anomalies(scores, confirm).astype(int)
     with open(args.output, "w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow((["timestamp"] if stamps is not None else []) + ["score", "anomaly"])
         for i, (s, f) in enumerate(zip(scores, flags)):
             w.writerow(([stamps[i]] if stamps is not None else []) + [f"{s:.6g}", int(f)])
-    _report(len(scores), int(flags.sum()), model, args.output)
+    _report(len(scores), int(flags.sum()), model, confirm, args.output)
     return 0
 
 
@@ -116,13 +119,14 @@ def _score_otlp(args, model: SavedModel) -> int:
         for r in results:
             w.writerow([r.start_ns, r.end_ns, entity_label(r.entity), f"{r.score:.6g}",
                         int(r.anomalous), ";".join(c.name for c in r.top)])
-    _report(len(results), sum(r.anomalous for r in results), model, args.output)
+    _report(len(results), sum(r.anomalous for r in results), model, cfg.confirm_windows, args.output)
     return 0
 
 
-def _report(n: int, flagged: int, model: SavedModel, output: str) -> None:
-    print(f"scored {n} rows, {flagged} anomalous at threshold "
-          f"{model.detector.threshold_:.3f}; wrote {output}")
+def _report(n: int, flagged: int, model: SavedModel, confirm_windows: int, output: str) -> None:
+    det = model.detector
+    print(f"scored {n} rows, {flagged} anomalous ({confirm_windows} consecutive below threshold "
+          f"{det.threshold_:.3f}, or one below {det.single_threshold_:.3f}); wrote {output}")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -146,6 +150,9 @@ def _parser() -> argparse.ArgumentParser:
     score.add_argument("--input", required=True,
                        help="feature CSV (one row per window) or recorded OTLP (.jsonl)")
     score.add_argument("--output", required=True, help="CSV of score and 0/1 anomaly per row")
+    for s in (serve, score):
+        s.add_argument("--confirm-windows", dest="confirm_windows", type=int,
+                       help="consecutive windows below the threshold that make an anomaly (default 2)")
     for s in (serve, fit, score):
         s.add_argument("--config", help="YAML file of detector config keys")
     return p

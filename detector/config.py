@@ -77,6 +77,10 @@ class DetectorConfig:
     context_windows: list[int] = field(default_factory=lambda: list(DEFAULT_CONTEXT_WINDOWS))
     threshold_method: str = "pot"
     threshold_risk: float = 1e-3
+    #: Consecutive windows of an entity below the threshold that make an anomaly (the last
+    #: of them is reported, and each further one), unless one is far below it (the model's
+    #: single_threshold_); 1 reports every window below the threshold.
+    confirm_windows: int = 2
     random_state: int = 0
     #: A model file (from `detector fit`) used for every entity instead of warm-up.
     model_path: str | None = None
@@ -87,7 +91,7 @@ class DetectorConfig:
             _check_type(f.name, getattr(self, f.name), str(f.type))
         positive = ("max_request_bytes", "queue_size", "window_s", "warmup_windows", "refit_every",
                     "history_windows", "max_entities", "max_functions", "max_metrics",
-                    "max_span_refs", "top_features", "max_components", "reg_covar")
+                    "max_span_refs", "top_features", "max_components", "reg_covar", "confirm_windows")
         for key in positive:
             if not getattr(self, key) > 0:
                 raise ValueError(f"{key}: {getattr(self, key)!r} must be > 0")

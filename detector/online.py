@@ -46,6 +46,8 @@ class WindowResult:
     score: float | None
     threshold: float | None
     anomalous: bool
+    #: Consecutive windows of the entity below the threshold, this one included (0: not below).
+    below: int = 0
     top: list[Contribution] = field(default_factory=list)
     affected: list[tuple[bytes, bytes]] = field(default_factory=list)
     span_refs: list[tuple] = field(default_factory=list, repr=False)
@@ -114,6 +116,8 @@ class EntityDetector:
         self.history: deque[dict[str, float]] = deque(maxlen=cfg.history_windows)
         self._since_fit = 0
         self.fits = 0
+        self._below = 0          # consecutive windows below the threshold, up to the last one scored
+        self._last_end: int | None = None
 
     def _fit(self) -> None:
         self.model = fit_rows(self.cfg, list(self.history))
@@ -139,12 +143,17 @@ class EntityDetector:
         det, names = self.model.detector, self.model.feature_names
         x = vectorize([feats], names)
         score = float(det.score_samples(x)[0])
-        anomalous = score < det.threshold_
-        result = WindowResult(score=score, threshold=float(det.threshold_), anomalous=anomalous, **base)
+        # A run of windows below the threshold is broken by a normal window and by a gap.
+        below = score < det.threshold_
+        self._below = (self._below + 1 if self._last_end == win.start_ns else 1) if below else 0
+        self._last_end = win.end_ns
+        anomalous = det.is_anomaly(score, self._below, self.cfg.confirm_windows)
+        result = WindowResult(score=score, threshold=float(det.threshold_), anomalous=anomalous,
+                              below=self._below, **base)
         if anomalous:
             result.top = _top_features(self.model, x, self.cfg.top_features)
             result.affected = _affected_spans(win, result.top)
-        else:
+        elif not below:  # a window below the threshold teaches nothing, confirmed or not
             self.history.append(feats)
             self._since_fit += 1
             if not self._fixed and self._since_fit >= self.cfg.refit_every:

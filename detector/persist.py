@@ -3,7 +3,8 @@
 A model file is a NumPy ``.npz`` archive of plain float arrays plus one JSON document
 (hyperparameters, feature names, threshold, window length, context windows). It is read with
 ``allow_pickle=False``, so a model file from an untrusted place can at worst be rejected,
-never run. Version 1 files (before context features) still load, with no context windows.
+never run. Version 1 files (before context features) still load, with no context windows, and
+version 1 and 2 files with a single-window threshold that is the threshold.
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ from eacgm_detector.context import base_name, check_windows
 from eacgm_detector.model import GMMDetector
 
 FORMAT = "eacgm-detector-model"
-FORMAT_VERSION = 2
-#: Versions ``load_model`` reads: 1 has no ``context_windows`` (its models used none).
-READABLE_VERSIONS = (1, 2)
+FORMAT_VERSION = 3
+#: Versions ``load_model`` reads: 1 has no ``context_windows`` (its models used none), 1 and 2
+#: no ``single_threshold`` (it is then the threshold: every window below it is reported alone).
+READABLE_VERSIONS = (1, 2, 3)
 _ARRAYS = ("fill_", "center_", "scale_", "bic_", "holdout_log_likelihood_")
 _MIXTURE_ARRAYS = ("weights_", "means_", "covariances_", "precisions_cholesky_", "precisions_")
 
@@ -67,6 +69,7 @@ def save_model(path: str | Path, model: SavedModel) -> None:
         "feature_names": list(model.feature_names),
         "n_components": int(det.n_components_),
         "threshold": float(det.threshold_),
+        "single_threshold": float(det.single_threshold_),
         "threshold_method": det.threshold_method_,
         "window_s": model.window_s,
         "context_windows": list(check_windows(model.context_windows)),
@@ -91,7 +94,10 @@ def load_model(path: str | Path) -> SavedModel:
                 raise ValueError("a single array, not an .npz archive")
             meta = json.loads(str(data["meta"]))
             arrays = {k: data[k] for k in data.files if k != "meta"}
-    except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+    except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile, zlib.error,
+            NotImplementedError, RuntimeError) as exc:
+        # zipfile raises NotImplementedError for a damaged compression method, version or
+        # flag field, and RuntimeError for a set encryption bit: damage like any other.
         raise ValueError(f"{path}: not a detector model file ({exc})") from exc
     if not isinstance(meta, dict):
         raise ValueError(f"{path}: not a detector model file (meta is {type(meta).__name__}, not an object)")
@@ -143,6 +149,9 @@ def _restore(meta: dict, arrays: dict[str, np.ndarray]) -> SavedModel:
     det.threshold_ = det.offset_ = float(meta["threshold"])
     if not math.isfinite(det.threshold_):
         raise ValueError(f"threshold {det.threshold_!r} is not finite")
+    det.single_threshold_ = det.threshold_ if meta["version"] < 3 else float(meta["single_threshold"])
+    if not math.isfinite(det.single_threshold_):
+        raise ValueError(f"single_threshold {det.single_threshold_!r} is not finite")
     det.threshold_method_ = str(meta["threshold_method"])
     det.n_iter_ = 0
     window_s = meta.get("window_s")

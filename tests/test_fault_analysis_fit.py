@@ -11,6 +11,7 @@ and the fault run by one that did.
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import sys
 from pathlib import Path
@@ -73,3 +74,18 @@ def test_leave_one_run_out_scores_each_clean_run_with_a_model_that_never_saw_it(
     assert every["clean-heldout-2"] > WINDOWS / 2, every
     assert every["straggler"] < WINDOWS / 4, every
     assert every["clean-train"] < WINDOWS / 4 and every["clean-heldout-1"] < WINDOWS / 4, every
+
+
+def test_score_files_hold_what_a_decision_rule_needs(tmp_path):
+    """Each window's thresholds and run below the threshold: enough to re-decide it from the file."""
+    folder = recorded(tmp_path / "fd")
+    flagged(folder, "clean-runs")
+    rows = list(csv.DictReader(open(folder / "scores" / "clean-heldout-2.csv")))  # the odd run: flagged
+    assert rows and any(r["anomaly"] == "1" for r in rows)
+    for model in ("spans", "metrics"):
+        run = 0
+        for r in (r for r in rows if r["model"] == model):
+            score, threshold, single = float(r["score"]), float(r["threshold"]), float(r["single_threshold"])
+            run = run + 1 if score < threshold else 0
+            assert int(r["below"]) == run, r
+            assert (r["anomaly"] == "1") == (score < threshold and (run >= 2 or score < single)), r

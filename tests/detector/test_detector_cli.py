@@ -45,8 +45,21 @@ def test_fit_and_score_csv(tmp_path):
     assert len(rows) == 100 and set(rows[0]) == {"score", "anomaly"}
     flagged = [i for i, r in enumerate(rows) if r["anomaly"] == "1"]
     assert {10, 50} <= set(flagged) and len(flagged) <= 3
-    threshold = load_model(tmp_path / "m.npz").detector.threshold_
-    assert all((float(r["score"]) < threshold) == (r["anomaly"] == "1") for r in rows)
+    # Flagged as `serve` reports: two rows in a row below the threshold, or one far below it.
+    det = load_model(tmp_path / "m.npz").detector
+    scores = [float(r["score"]) for r in rows]
+    assert all(scores[i] < det.single_threshold_ for i in (10, 50))
+    runs = [0]
+    for s in scores:
+        runs.append(runs[-1] + 1 if s < det.threshold_ else 0)
+    assert [r["anomaly"] == "1" for r in rows] == [
+        s < det.threshold_ and (run >= 2 or s < det.single_threshold_) for s, run in zip(scores, runs[1:])]
+
+    # --confirm-windows 1: every row below the threshold.
+    assert main(["score", "--model", str(tmp_path / "m.npz"), "--input", str(tmp_path / "test.csv"),
+                 "--output", str(tmp_path / "each.csv"), "--confirm-windows", "1"]) == 0
+    each = list(csv.DictReader(open(tmp_path / "each.csv")))
+    assert [r["anomaly"] == "1" for r in each] == [s < det.threshold_ for s in scores]
 
 
 def write_jsonl(path, reqs):

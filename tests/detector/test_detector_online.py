@@ -7,6 +7,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from detector_recording import SEC, T0, recording
 from eacgm_detector.config import DetectorConfig
+from eacgm_detector.emit import anomaly_message
 from eacgm_detector.online import fit_rows
 from eacgm_detector.pipeline import Detector
 
@@ -69,3 +70,28 @@ def test_fixed_model_scores_from_the_first_window_and_is_not_refitted():
     [ent] = det.entities.values()
     assert ent.fits == 0 and ent.model is model and model.detector.threshold_ == threshold
     assert np.isfinite([r.score for r in results]).all()
+
+
+def test_a_window_below_the_threshold_is_an_anomaly_once_confirmed_or_beyond_doubt(monkeypatch):
+    cfg = DetectorConfig(window_s=1.0, grace_s=0.5, warmup_windows=10)
+    train = Detector(DetectorConfig(window_s=1.0, grace_s=0.5, warmup_windows=10_000, history_windows=10_000))
+    replay(train, recording([0], 150, seed=11))
+    [ent] = train.entities.values()
+    model = fit_rows(cfg, list(ent.history))
+    gmm = model.detector
+    assert cfg.confirm_windows == 2 and gmm.single_threshold_ < gmm.threshold_
+    normal, marginal, strong = gmm.threshold_ + 1, (gmm.threshold_ + gmm.single_threshold_) / 2, gmm.single_threshold_ - 1
+    # The model's scores of windows 0..12 chosen around its two thresholds; windows 9 and 10
+    # are missing from the recording (a gap), so 8 and 11 are not consecutive. Window 7 is
+    # reported alone, and confirms window 8.
+    scores = {0: normal, 1: marginal, 2: normal, 3: marginal, 4: marginal, 5: marginal, 6: normal,
+              7: strong, 8: marginal, 11: marginal, 12: normal}
+    starts = iter(sorted(scores))
+    monkeypatch.setattr(gmm, "score_samples", lambda X: np.array([scores[next(starts)]]))
+    reqs = [req for w, req in enumerate(recording([0], 13, seed=3)) if w // 2 not in (9, 10)]
+    results = replay(Detector(cfg, model), reqs)
+    assert [(r.start_ns - T0) // SEC for r in results] == sorted(scores)
+    reported = {(r.start_ns - T0) // SEC: r.below for r in results if r.anomalous}
+    assert reported == {4: 2, 5: 3, 7: 1, 8: 2}
+    assert all(r.top for r in results if r.anomalous)
+    assert "for 3 consecutive windows" in anomaly_message(results[5])
