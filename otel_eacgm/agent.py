@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -27,12 +28,12 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otel_eacgm import __version__
 from otel_eacgm.attach import Attacher, TorchSelection
-from otel_eacgm.bpf_loader import POLL_BATCH, CallProgram, ProgramOptions, Sampling
+from otel_eacgm.bpf_loader import POLL_BATCH, CallProgram, ProgramOptions, Sampling, import_bcc
 from otel_eacgm.clock import EpochClock
 from otel_eacgm.config import AgentConfig
 from otel_eacgm.decoders import DecodeContext
-from otel_eacgm.events import (CallEvent, CallFlags, CallStrEvent, LibOpenEvent, PyCallEvent, Stat, ThreadExitEvent,
-                               decode)
+from otel_eacgm.events import (CallEvent, CallFlags, CallStrEvent, ExecEvent, LibOpenEvent, PyCallEvent, Stat,
+                               ThreadExitEvent, decode)
 from otel_eacgm.export import ProducingMetricExporter, SpanQueue, meter_provider, metric_exporter, span_exporter
 from otel_eacgm.guardrail import Guardrail
 from otel_eacgm.kernel_names import KernelNames
@@ -42,6 +43,7 @@ from otel_eacgm.perfetto import NullMetricExporter, PerfettoExporter, TeeSpanExp
 from otel_eacgm.probes.catalog import Layer, Role, enabled_rows
 from otel_eacgm.probes.python_usdt import compile_rules
 from otel_eacgm.probes.libraries import all_pids, cgroup_pids, family_of, libraries_of, resolve
+from otel_eacgm.process_symbols import ProcessSymbols
 from otel_eacgm.resources import process_resource
 from otel_eacgm.shaping import TraceShaper
 from otel_eacgm.spans import SpanBuilder, error_type
@@ -49,6 +51,22 @@ from otel_eacgm.spans import SpanBuilder, error_type
 log = logging.getLogger(__name__)
 
 _RESCAN_DELAYS_S = (0.0, 0.05, 0.3, 1.0)  # after an open: the mmap follows the openat
+
+
+def raise_open_file_limit() -> int:
+    """Lift the soft open-file limit to the hard one; the new soft limit.
+
+    Perf-event probes take one file each, and a process's symbol cache one per mapped library:
+    a few traced PyTorch processes pass the 1024 that systemd gives a service by default.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (OSError, ValueError) as exc:
+            log.warning("could not raise the open-file limit from %d to %d: %s", soft, hard, exc)
+    return soft
 
 
 @dataclasses.dataclass
@@ -67,6 +85,7 @@ class Agent:
     def __init__(self, cfg: AgentConfig, command: Sequence[str] | None = None, *, dump_bpf: bool = False) -> None:
         self.cfg = cfg
         self.command = list(command or [])
+        raise_open_file_limit()
         self.counters = Counters()
         self._stop = False
         self._child: subprocess.Popen[bytes] | None = None
@@ -95,7 +114,9 @@ class Agent:
             self.program.set_python_rules(*compile_rules(cfg.python_include, cfg.python_exclude,
                                                          default_include=cfg.python_default_include))
         self.filtering = filtering
-        self.kernel_names = KernelNames(self.program.symbolize)
+        # Runtime launches name their kernels by the host stub's symbol; driver launches by name records.
+        self.symbols = ProcessSymbols(import_bcc(), eager=Layer(cfg.launch_layer) is Layer.CUDA_RUNTIME)
+        self.kernel_names = KernelNames(self.symbols.resolve)
         self.builder = SpanBuilder(self.rows, DecodeContext(self.kernel_names), EpochClock(), self._resource_for)
         exporters = [span_exporter(cfg.protocol, cfg.endpoint, cfg.insecure, cfg.export_timeout_s)] if cfg.otlp else []
         if cfg.perfetto:
@@ -221,6 +242,7 @@ class Agent:
             res = self._resources[pid] = process_resource(
                 pid, host_name=self._host, command_line=self.cfg.resource_command_line,
                 environment=self.cfg.resource_environment)
+            self.symbols.track(pid)  # its map, read while it lives, names its launches
         return res
 
     # --- ring buffer records --------------------------------------------------------------
@@ -237,6 +259,8 @@ class Agent:
                 self._on_lib_open(rec)
             elif isinstance(rec, ThreadExitEvent):
                 self._on_thread_exit(rec)
+            elif isinstance(rec, ExecEvent):
+                self._on_exec(rec)
         except Exception:  # one bad record must not stop the capture loop
             self.counters.decode_errors += 1
             log.exception("dropping an undecodable ring-buffer record (%d bytes)", size)
@@ -269,10 +293,25 @@ class Agent:
             self.counters.incomplete += 1
             self._on_call(ev, None)
 
+    def _on_exec(self, rec: ExecEvent) -> None:
+        """The process is another program now: kernel names resolved in its old image no
+        longer hold, and a process the agent knew has its resource and memory map read again
+        (while it lives). Without a pid filter every exec on the node arrives: the others wait
+        until they make a call or open a watched library."""
+        known = self._resources.pop(rec.pid, None) is not None
+        self.kernel_names.forget(rec.pid)
+        self.symbols.forget(rec.pid)
+        if known:
+            self._resource_for(rec.pid)
+
     def _on_lib_open(self, rec: LibOpenEvent) -> None:
         self.counters.library_opens += 1
         pid = rec.pid
         self._resource_for(pid)
+        # Read its map now, while it lives (stopped, if gated): what it mapped before this
+        # library holds the host stubs of the launches to come (the library itself is mapped
+        # after the open, and read at the rescans).
+        self.symbols.refresh(pid)
         path = rec.path.decode(errors="replace")
         if not path.startswith("/"):
             try:
@@ -316,6 +355,7 @@ class Agent:
         for pid in [p for p in self._resources if not os.path.exists(f"/proc/{p}")]:
             del self._resources[pid]
             self.kernel_names.forget(pid)
+            self.symbols.forget(pid)
             if self.call_stats is not None:  # after its last counts were exported
                 self._stats_forget.append((time.monotonic() + 2 * self.cfg.metrics_interval_s, pid))
 
@@ -336,10 +376,19 @@ class Agent:
 
     def _launch(self) -> None:
         # The child waits on a pipe until its pid is a target, so its very first call is traced.
+        # It first says it runs: Popen returns once the exec has begun, and until the kernel
+        # has set up the new image /proc/PID/environ reads empty (the resource would then lack
+        # the command's OTEL_SERVICE_NAME for good) and /proc/PID/maps lacks the interpreter.
         r, w = os.pipe()
-        waiter = f"import os, sys; os.read({r}, 1); os.close({r}); os.execvp(sys.argv[1], sys.argv[1:])"
-        self._child = subprocess.Popen([sys.executable, "-S", "-c", waiter, *self.command], pass_fds=(r,))
+        running_r, running_w = os.pipe()
+        waiter = (f"import os, sys; os.close({running_w}); os.read({r}, 1); os.close({r}); "
+                  f"os.execvp(sys.argv[1], sys.argv[1:])")
+        self._child = subprocess.Popen([sys.executable, "-S", "-c", waiter, *self.command],
+                                       pass_fds=(r, running_w))
         os.close(r)
+        os.close(running_w)
+        os.read(running_r, 1)  # end of file once the waiter closed its end, or died
+        os.close(running_r)
         self.program.add_target(self._child.pid)
         self._resource_for(self._child.pid)
         # The waiter is a Python interpreter too: its per-process Python probes outlive the exec.
@@ -380,10 +429,12 @@ class Agent:
             now = time.monotonic()
             self.shaper.tick(now)
             period_done = self.guardrail.tick(now) if self.guardrail is not None else False
-            due = [pid for t, pid in self._pending_scans if t <= now]
+            due = {pid for t, pid in self._pending_scans if t <= now}
             if due:
                 self._pending_scans = [(t, pid) for t, pid in self._pending_scans if t > now]
-                self._scan(set(due))
+                self._scan(due)
+                for pid in due:  # it opened a library: read its map while it lives
+                    self.symbols.refresh(pid)
             if now >= next_scan:
                 next_scan = now + self.cfg.scan_interval_s
                 self._scan(self._candidate_pids())
@@ -412,6 +463,7 @@ class Agent:
         self.host_metrics.close()
         log.info("done: %s", self.summary())
         self.program.close()
+        self.symbols.close()
         if self._child is None:
             return 0
         code = self._child.returncode

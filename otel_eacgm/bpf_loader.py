@@ -525,12 +525,6 @@ class CallProgram:
                 pass
         return out
 
-    def symbolize(self, pid: int, addr: int) -> str | None:
-        """Symbol name at `addr` in a live process (mangled names are demangled by BCC)."""
-        name = self._bcc.BPF.sym(addr, pid, demangle=False)
-        text = name.decode(errors="replace") if isinstance(name, bytes) else str(name)
-        return None if text.startswith("[unknown]") else text
-
     def close(self) -> None:
         """Detach everything and free the maps."""
         self._release()
