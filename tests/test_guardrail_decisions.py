@@ -8,7 +8,7 @@ import pytest
 
 from otel_eacgm.bpf_loader import CallStat, GroupKind
 from otel_eacgm.events import BW_BUCKETS, DUR_BUCKETS
-from otel_eacgm.guardrail import MIN_ATTACHED_S, Guardrail
+from otel_eacgm.guardrail import AIM, MIN_ATTACHED_S, RELAX, Guardrail
 from otel_eacgm.probes.catalog import CATALOG, TORCH_SLOTS, torch_spec
 
 ROWS = dict(enumerate(CATALOG))
@@ -62,20 +62,20 @@ def test_over_budget_launches_get_the_duty_that_meets_it() -> None:
     g, program = guardrail()
     # launches 100k/s (10%) plus a synchronise with a return probe, 2 hits x 5k/s (1%, not cycled)
     g.observe([stat("cuLaunchKernel", 100_000), stat("cuStreamSynchronize", 5_000)], 1.0)
-    assert g.duty == pytest.approx((0.05 - 0.01) / 0.10)
+    assert g.duty == pytest.approx((AIM * 0.05 - 0.01) / 0.10)
     period = max(10.0, MIN_ATTACHED_S / g.duty)
     g.tick(1.0 + 0.5 * period)  # past the attached share of the first period: detached
     assert program.calls == [("detach", GroupKind.LAUNCH)]
     assert g.tick(1.0 + period + 0.01) is True  # a new period: attached again, statistics due
     assert program.calls[-1] == ("attach", GroupKind.LAUNCH)
-    assert g.duties() == {"cuLaunchKernel": pytest.approx(0.4)}
+    assert g.duties() == {"cuLaunchKernel": pytest.approx((AIM * 0.05 - 0.01) / 0.10)}
 
 
 def test_counts_of_a_cycled_probe_are_scaled_by_its_attached_share(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = iter([7.0, 12.0])  # detach at 7 s, re-attach at 12 s (time.monotonic inside tick)
     monkeypatch.setattr("otel_eacgm.guardrail.time.monotonic", lambda: next(clock))
     g, _ = guardrail()
-    g.observe([stat("cuLaunchKernel", 100_000)], 1.0)     # starts cycling (duty 0.5, period 10 s from now)
+    g.observe([stat("cuLaunchKernel", 100_000)], 1.0)     # starts cycling (duty 0.4, period 10 s from now)
     assert g.tick(7.0) is False    # past half of the first 10 s period: detached
     assert g.tick(12.0) is True    # the next period: attached again
     scale = g.observe([stat("cuLaunchKernel", 110_000)], 12.0)
@@ -113,11 +113,38 @@ def test_probes_attached_all_along_do_not_count_in_the_slowdown_correction(monke
     assert scale[(7, SLOT["cuLaunchKernel"])] == pytest.approx(made / (6 * 400_000))
 
 
+def test_a_duty_whose_estimate_crosses_the_budget_is_lowered_at_once() -> None:
+    g, _ = guardrail()
+    g.observe([stat("cuLaunchKernel", 100_000)], 1.0)  # 10%: duty 0.4, estimated to cost 4%
+    first = g.duty
+    # 11.5% with every probe attached: at the duty in force 4.6%, within the budget, kept
+    g.observe([stat("cuLaunchKernel", 215_000)], 2.0)
+    assert g.duty == first
+    # 13.5%: at the duty in force 5.4%, past the budget: lowered to AIM of it (a duty that met
+    # the budget exactly was kept through a 20% rise before: a 5% budget reached 1.056x once)
+    g.observe([stat("cuLaunchKernel", 350_000)], 3.0)
+    assert g.duty == pytest.approx(AIM * 0.05 / 0.135)
+
+
+def test_a_throttled_duty_is_raised_only_by_a_worthwhile_step() -> None:
+    g, _ = guardrail()
+    g.observe([stat("cuLaunchKernel", 100_000)], 1.0)  # duty 0.4
+    first = g.duty
+    g.observe([stat("cuLaunchKernel", 190_000)], 2.0)  # 9%: duty 0.44 would do, too small a step
+    assert g.duty == first
+    g.observe([stat("cuLaunchKernel", 250_000)], 3.0)  # 6%: duty 0.67
+    assert g.duty == pytest.approx(AIM * 0.05 / 0.06) and g.duty > RELAX * first
+    g.observe([stat("cuLaunchKernel", 295_000)], 4.0)  # 4.5%: below the budget, yet above its AIM
+    assert g.duty < 1.0
+    g.observe([stat("cuLaunchKernel", 330_000)], 5.0)  # 3.5%: full tracing again
+    assert g.duty == 1.0
+
+
 def test_operators_are_cycled_entries_first_and_exits_a_tick_later() -> None:
     g, program = guardrail()
-    # add_ 50k/s x 2 hits (10%) and launches 50k/s (5%): both cyclable, duty 0.05 / 0.15
+    # add_ 50k/s x 2 hits (10%) and launches 50k/s (5%): both cyclable, duty 0.04 / 0.15
     g.observe([stat("add_", 50_000), stat("cuLaunchKernel", 50_000)], 1.0)
-    assert g.duty == pytest.approx(1 / 3)
+    assert g.duty == pytest.approx(AIM * 0.05 / 0.15)
     period = max(10.0, MIN_ATTACHED_S / g.duty)
     g.tick(1.0 + 0.6 * period)
     assert sorted(program.calls) == [("detach", GroupKind.LAUNCH), ("detach", GroupKind.TORCH)]
@@ -157,7 +184,7 @@ def test_no_probe_is_cycled_while_an_earlier_agent_releases_its_probes(monkeypat
     assert g.duty == 1.0 and program.calls == []
     monkeypatch.setattr("otel_eacgm.guardrail.releases_running", lambda: False)
     g.observe([stat("cuLaunchKernel", 200_000)], 2.0)
-    assert g.duty == pytest.approx(0.5)
+    assert g.duty == pytest.approx(AIM * 0.05 / 0.10)
 
 
 def test_a_releasing_child_is_recognised_by_its_name(tmp_path) -> None:  # noqa: ANN001
@@ -172,7 +199,7 @@ def test_a_releasing_child_is_recognised_by_its_name(tmp_path) -> None:  # noqa:
 
 
 def _one_cycled_period(monkeypatch: pytest.MonkeyPatch, sync_attached_per_s: int) -> tuple[Guardrail, FakeProgram]:
-    """Launches at 100k/s (10% at the configured 1 us) start the cycling at 1 s (duty 0.48 of a
+    """Launches at 100k/s (10% at the configured 1 us) start the cycling at 1 s (duty 0.38 of a
     10 s period); detached at 6 s, attached again at 11 s, statistics read then. While
     attached, launches ran at 40k/s and the uncycled synchronisations at `sync_attached_per_s`;
     detached, the synchronisations ran at 1000/s."""
@@ -180,7 +207,7 @@ def _one_cycled_period(monkeypatch: pytest.MonkeyPatch, sync_attached_per_s: int
     monkeypatch.setattr("otel_eacgm.guardrail.time.monotonic", lambda: next(clock))
     g, program = guardrail()
     g.observe([stat("cuLaunchKernel", 100_000), stat("cuStreamSynchronize", 1_000)], 1.0)
-    assert g.duty == pytest.approx((0.05 - 0.002) / 0.10)
+    assert g.duty == pytest.approx((AIM * 0.05 - 0.002) / 0.10)
     program.stats = [stat("cuLaunchKernel", 300_000), stat("cuStreamSynchronize", 1_000 + 5 * sync_attached_per_s)]
     g.tick(6.0)
     assert g.tick(11.0) is True
@@ -197,7 +224,7 @@ def test_a_process_slowed_by_its_probes_more_than_the_configured_cost_says_gets_
     assert g.hit_costs() == {7: pytest.approx(5e-6)}
     assert any("about 5.0 us" in r.message for r in caplog.records)
     # the estimate with every probe attached: launches 40k/s x 5 us, synchronisations 2 x 1000/s x 5 us
-    assert g.estimates[7] > 0.2 and g.duty < 0.48
+    assert g.estimates[7] > 0.2 and g.duty < 0.38
 
 
 def test_a_process_its_probes_do_not_slow_keeps_the_configured_cost(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -35,7 +35,7 @@ def millis(line: str) -> float:
 FAULT_CHECKS = {  # what each fault's step line must show
     "input-stall": lambda line: millis(line) >= 500 and "input stalled 0.5 s" in line,
     "straggler": lambda line: millis(line) >= 300 and "extra 512x512 products" in line,
-    "comm-slowdown": lambda line: "4 extra all-reduces of" in line and "(gloo, world size 1)" in line,
+    "comm-slowdown": lambda line: "4 extra all-reduces of each of" in line and "(gloo, world size 1)" in line,
     "memory-pressure": lambda line: "allocated and freed 192 MiB in 3 chunks" in line,
 }
 
