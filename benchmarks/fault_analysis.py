@@ -165,25 +165,28 @@ def analyse(args: argparse.Namespace, meta: dict, runs: list[dict]) -> tuple[str
             if model is not None:
                 scored += [(kind, x) for x in score_otlp(Path(r["dir"]) / f"{r['file']}.{kind}.jsonl", cfg, model)]
         scored.sort(key=lambda kx: kx[1].start_ns)
+        # A lead-in window before the measured span (fault_detection.write_run) is scored, as
+        # a live detector sees it, but not counted.
+        measured = [(k, x) for k, x in scored if x.start_ns >= r["lo_ns"]]
         # Each window with both thresholds and its run below the first, so that another
         # decision rule can be tried on these files alone once the recordings are gone.
         with open(args.out / "scores" / f"{r['name'].replace('/', '__')}.csv", "w", newline="") as fh:
             w = csv.writer(fh)
             w.writerow(["timestamp", "window_end", "model", "entity", "score", "threshold", "single_threshold",
-                        "below", "anomaly", "top_features"])
+                        "below", "anomaly", "top_features", "measured"])
             for kind, x in scored:
                 w.writerow([x.start_ns, x.end_ns, kind, entity_label(x.entity), x.score, x.threshold,
                             own[kind].detector.single_threshold_, x.below, int(x.anomalous),
-                            ";".join(c.name for c in x.top)])
-        flagged = [(k, x) for k, x in scored if x.anomalous]
+                            ";".join(c.name for c in x.top), int(x.start_ns >= r["lo_ns"])])
+        flagged = [(k, x) for k, x in measured if x.anomalous]
         if r["role"] == "fault" and flagged:
             example = _better_example(example, r["name"], flagged)
         first_kind, first = flagged[0] if flagged else (None, None)
         top = [(c.name, c.category, feature_layer(c.name)) for c in first.top] if first else []
         expected = EXPECTED.get(r["fault"] or "", set())
-        per_kind = {k: {"scored": sum(1 for kk, _ in scored if kk == k), "anomalous": sum(1 for kk, _ in flagged if kk == k)}
+        per_kind = {k: {"scored": sum(1 for kk, _ in measured if kk == k), "anomalous": sum(1 for kk, _ in flagged if kk == k)}
                     for k in models}
-        results.append(dict(r, scored_windows=len(scored), flagged_windows=len(flagged), per_model=per_kind,
+        results.append(dict(r, scored_windows=len(measured), flagged_windows=len(flagged), per_model=per_kind,
                             flagged_windows_any=len({x.start_ns for _, x in flagged}),
                             detected=bool(flagged), windows_to_first=(first.start_ns - r["lo_ns"]) // w_ns + 1 if first else None,
                             first_model=first_kind, first_entity=entity_label(first.entity) if first else None,

@@ -15,9 +15,10 @@ fresh process:
    that one strike falls about every ``--strike-interval-s`` (from clean-train's median step).
    ``--faults ''`` records clean runs only. ``--budget-s`` starts no run that would end past it.
 
-A run's measured span starts at the first window boundary after ``--warmup-steps`` steps and
-ends at the last whole window. Each run's telemetry in that span (the workload's spans, and
-the agent's metrics that are not about another process) is written as recorded OTLP/JSON lines,
+A run's measured span starts at the first window boundary after ``--warmup-steps`` steps (and,
+for GPU contention, after the contending process' kernels run) and ends at the last whole
+window. Each run's telemetry in that span (the workload's spans, and the agent's metrics that
+are not about another process, from one window earlier) is written as recorded OTLP/JSON lines,
 what `otel-eacgm detector fit|score` read: ``OUT/runs/<run>.spans.jsonl`` and
 ``<run>.metrics.jsonl``, with the timeline in ``OUT/runs.json`` and the logs in ``OUT/logs``.
 ``--record-only`` stops there. The analysis (``fault_analysis.py``) fits one model per entity
@@ -84,11 +85,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def write_run(store, stem: Path, pid: int, agent_pid: int, lo: int, hi: int) -> dict:
+def write_run(store, stem: Path, pid: int, agent_pid: int, lo: int, hi: int, lead_in_ns: int = 0) -> dict:
     """The run's telemetry in [lo, hi) as OTLP/JSON lines: ``stem.spans.jsonl`` (spans of ``pid``)
     and ``stem.metrics.jsonl`` (the agent's metric points that are not about another process).
     They are two detector entities (the traced process; the agent, which reports every metric),
-    so each gets its own model, as `detector serve` gives each entity its own. Returns counts."""
+    so each gets its own model, as `detector serve` gives each entity its own. Returns counts.
+
+    Metric points start ``lead_in_ns`` before ``lo``: a counter's rate needs the point before a
+    window, and a series whose first point fell inside the first measured window gave no rate
+    there (the detector's new-series rule), which hid window 1 of every fault from the metrics
+    model on 2026-12-06. The analysis scores the lead-in window but counts only from ``lo``."""
     from eacgm_detector.replay import otlp_json_line  # noqa: PLC0415 - loaded by detector_modules()
 
     n_spans = n_points = 0
@@ -124,7 +130,7 @@ def write_run(store, stem: Path, pid: int, agent_pid: int, lo: int, hi: int) -> 
                     nsm.scope.CopyFrom(sm.scope)
                     for m in sm.metrics:
                         kind = m.WhichOneof("data")
-                        pts = [p for p in getattr(m, kind).data_points if lo <= p.time_unix_nano < hi
+                        pts = [p for p in getattr(m, kind).data_points if lo - lead_in_ns <= p.time_unix_nano < hi
                                and attrs(p.attributes).get("process.pid", pid) == pid]
                         if pts:
                             nm = nsm.metrics.add()
@@ -176,6 +182,24 @@ def kill(pid: int, timeout_s: float = 15.0) -> None:
             return
 
 
+def start_hog(args: argparse.Namespace, name: str, seconds: float) -> subprocess.Popen:
+    """Start the GPU contention beside the workload and return once its kernels run: its
+    interpreter, PyTorch and CUDA take seconds to start (4.5 s on the H100 of 2026-12-06, two
+    whole windows), and a measured span that began before would count them against the detector."""
+    hog_log = args.out / "logs" / f"{name}-hog.log"
+    argv = [args.python, str(REPO / "examples/faults/gpu_contention.py"), "--device", args.device,
+            "--seconds", str(seconds + args.start_timeout + 10)] + (["--size", "256"] if args.device == "cpu" else [])
+    hog = subprocess.Popen(argv, stdout=open(hog_log, "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
+    t0 = time.monotonic()
+    while "gpu_contention: running" not in hog_log.read_text(errors="replace"):
+        if hog.poll() is not None or time.monotonic() - t0 > args.start_timeout:
+            hog.kill()
+            raise RuntimeError(f"{name}: the contention did not start in {time.monotonic() - t0:.0f} s; "
+                               f"see {hog_log}:\n{hog_log.read_text(errors='replace')[-2000:]}")
+        time.sleep(0.05)
+    return hog
+
+
 def one_run(name: str, fault: str | None, seconds: float, every: int | None, args, launcher: Launcher) -> dict:
     """Start the workload (and a GPU hog), wait for warm-up, measure whole windows, stop it."""
     log = args.out / "logs" / f"{name}.log"
@@ -192,16 +216,11 @@ def one_run(name: str, fault: str | None, seconds: float, every: int | None, arg
             raise RuntimeError(f"{name}: no {args.warmup_steps} steps after {time.monotonic() - t_spawn:.0f} s; "
                                f"see {log}:\n{log.read_text(errors='replace')[-2000:]}")
         time.sleep(0.1)
+    hog = start_hog(args, name, seconds) if fault == "gpu-contention" else None
     warm_steps = len(steps_of(log))
     w_ns = int(args.window_s * 1e9)
     lo = (time.time_ns() // w_ns + 1) * w_ns
     hi = lo + max(1, round(seconds / args.window_s)) * w_ns
-    hog = None
-    if fault == "gpu-contention":
-        hog_argv = [args.python, str(REPO / "examples/faults/gpu_contention.py"), "--device", args.device,
-                    "--seconds", str((hi - time.time_ns()) / 1e9 + 2)] + (["--size", "256"] if args.device == "cpu" else [])
-        hog = subprocess.Popen(hog_argv, stdout=open(args.out / "logs" / f"{name}-hog.log", "wb"),  # noqa: SIM115
-                               stderr=subprocess.STDOUT)
     time.sleep(max(0.0, (hi - time.time_ns()) / 1e9) + 0.2)
     kill(pid)
     if hog:
@@ -327,7 +346,8 @@ def record(args: argparse.Namespace, t_start: float) -> tuple[dict, int]:
     launcher.close()
     server.stop(1)
     for r in runs:
-        r.update(write_run(store, args.out / "runs" / r["name"], r["pid"], agent.pid, r["lo_ns"], r["hi_ns"]))
+        r.update(write_run(store, args.out / "runs" / r["name"], r["pid"], agent.pid, r["lo_ns"], r["hi_ns"],
+                           lead_in_ns=int(args.window_s * 1e9)))
     meta = {"runs": runs, "skipped": skipped, "agent": stop, "agent_ready_s": agent.ready_s,
             "collect_wall_s": round(time.monotonic() - t_start, 1),
             "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}}

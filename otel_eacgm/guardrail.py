@@ -264,9 +264,10 @@ class Guardrail:
             duty = min(1.0, max(self.min_duty, (AIM * self.budget - worst_fixed) / worst_cyclable))
             if worst_fixed >= AIM * self.budget and not self._warned_fixed:
                 self._warned_fixed = True
-                log.warning("guardrail: probes that cannot be cycled alone cost %.1f%% of a traced thread (budget "
-                            "%.1f%%); launches and operators cycled at their minimum share, turn layers off to go lower",
-                            100 * worst_fixed, 100 * self.budget)
+                log.warning("guardrail: probes that cannot be cycled alone cost %.1f%% of a traced thread, more than "
+                            "the %.1f%% a duty aims at (budget %.1f%%); launches and operators cycled at their minimum "
+                            "share, turn layers off to go lower", 100 * worst_fixed, 100 * AIM * self.budget,
+                            100 * self.budget)
         if duty < 1.0 and self.duty < 1.0:
             if duty < self.duty and worst_fixed + worst_cyclable * self.duty <= self.budget:
                 return  # the duty in force still keeps the estimate within the budget

@@ -30,17 +30,20 @@ from eacgm_detector.replay import otlp_json_line  # noqa: E402
 WINDOWS = 40
 
 
-def record_run(runs: Path, name: str, seed: int, anomaly: str | None) -> dict:
-    """One run's spans and metrics recordings, and its runs.json entry."""
+def record_run(runs: Path, name: str, seed: int, anomaly: str | None, lead_in: str | None = None) -> dict:
+    """One run's spans and metrics recordings, and its runs.json entry. With ``lead_in`` (an
+    anomaly) the recording starts with one more window before the measured span, holding it."""
     rng = np.random.default_rng(seed)
+    lead = 1 if lead_in else 0
     with open(runs / f"{name}.spans.jsonl", "w") as spans, open(runs / f"{name}.metrics.jsonl", "w") as metrics:
-        for w in range(WINDOWS):
-            tr, mt = window_requests(0, w, rng, anomaly)
+        for w in range(WINDOWS + lead):
+            tr, mt = window_requests(0, w, rng, lead_in if w < lead else anomaly)
             spans.write(otlp_json_line(tr))
             metrics.write(otlp_json_line(mt))
+    lo = T0 + lead * SEC
     return {"name": name, "fault": "straggler" if name == "straggler" else None, "steps": 100,
             "step_ms_median": 10.0, "step_ms_p95": 11.0, "fault_every": None, "spans": 1, "points": 1,
-            "windows": WINDOWS, "lo_ns": T0, "hi_ns": T0 + WINDOWS * SEC}
+            "windows": WINDOWS, "lo_ns": lo, "hi_ns": lo + WINDOWS * SEC}
 
 
 def recorded(folder: Path) -> Path:
@@ -89,3 +92,21 @@ def test_score_files_hold_what_a_decision_rule_needs(tmp_path):
             run = run + 1 if score < threshold else 0
             assert int(r["below"]) == run, r
             assert (r["anomaly"] == "1") == (score < threshold and (run >= 2 or score < single)), r
+
+
+def test_a_lead_in_window_is_scored_but_not_counted(tmp_path):
+    """fault_detection records metrics from one window before the measured span (a counter's
+    rate needs the point before a window): that window is scored, as a live detector would
+    score it, and left out of the run's windows, flags and false alarms."""
+    folder = recorded(tmp_path / "fd")
+    meta = json.loads((folder / "runs.json").read_text())
+    meta["runs"][1] = record_run(folder / "runs", "clean-heldout-1", 2, None, lead_in="gpu")
+    (folder / "runs.json").write_text(json.dumps(meta))
+    args = argparse.Namespace(out=folder, window_s=1.0, covariance_type=None, threshold_risk=None, fit_on="clean-train")
+    _, result = analyse(args, *load_recordings(folder, []))
+    run = next(r for r in result["results"] if r["name"] == "clean-heldout-1")
+    rows = list(csv.DictReader(open(folder / "scores" / "clean-heldout-1.csv")))
+    lead = [r for r in rows if r["measured"] == "0"]
+    assert lead and all(int(r["timestamp"]) < run["lo_ns"] for r in lead)
+    assert any(r["anomaly"] == "1" for r in lead), lead  # the lead-in window alone is anomalous
+    assert run["per_model"]["metrics"]["scored"] == WINDOWS and run["flagged_windows_any"] == 0, run

@@ -26,6 +26,8 @@ def contend(device: torch.device, seconds: float, size: int) -> int:
             torch.mm(a, b, out=c)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
+        if not done:  # whoever measures the contention starts from here, not from the launch
+            print(f"gpu_contention: running on {device}", flush=True)
         done += 8
         if time.monotonic() >= report:
             rate = done * 2 * size ** 3 / (time.monotonic() - start) / 1e12

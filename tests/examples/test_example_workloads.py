@@ -72,6 +72,7 @@ def test_inference_loop_with_an_input_stall() -> None:
 def test_gpu_contention_runs_kernels_for_the_time_asked() -> None:
     lines = run(str(EXAMPLES / "faults/gpu_contention.py"), "--device", "cpu", "--seconds", "1", "--size", "128")
     assert "contending for the CPU instead" in lines[0]
+    assert lines[1] == "gpu_contention: running on cpu"  # the benchmark starts measuring at this line
     done = re.search(r"done, (\d+) products of 128x128 in 1 s", lines[-1])
     assert done and int(done.group(1)) > 0, lines
 
