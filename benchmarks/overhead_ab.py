@@ -53,6 +53,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from agent_session import ALL_LAYERS, Agent, agent_processes, markdown_table, med, wait_gone  # noqa: E402
 from otel_eacgm.otlp_store import serve  # noqa: E402
+from otel_eacgm.probes.catalog import CATALOG, Layer  # noqa: E402
 
 CONFIGS = ("untraced", "agent_default", "agent_full", "profiler")
 WORKLOADS = ("gpt_gpu", "gpt_launch", "tiny", "infer")
@@ -191,28 +192,54 @@ def is_launch(key: tuple) -> bool:
 
 
 def kernel_counts(series: dict[tuple, list[tuple[int, float]]], blocks: list[dict]) -> None:
-    """Per block: calls and launches of its settle and measured steps, from agent_full's
-    in-kernel call statistics (exact, unlike its spans, which the ring buffer drops at 100%).
-    The workload idles for COUNT_GAP_S before each workload's steps, so an export of the
-    cumulative counts falls between any two workloads' steps: the block's calls are the last
-    total exported before its steps began subtracted from the first one read after they ended
-    (an exported total is up to half an interval old, hence "exported an interval after")."""
+    """Per block: calls and launches of its settle and measured steps, and calls per step of
+    each function, from agent_full's in-kernel call statistics (exact, unlike its spans, which
+    the ring buffer drops at 100%). The workload idles for COUNT_GAP_S before each workload's
+    steps, so an export of the cumulative counts falls between any two workloads' steps: the
+    block's calls are the last total exported before its steps began subtracted from the first
+    one read after they ended (an exported total is up to half an interval old, hence
+    "exported an interval after")."""
 
-    def total(at_ns: int, after: bool, launches: bool) -> float:
-        out = 0.0
-        for key, pts in series.items():
-            if launches and not is_launch(key):
-                continue
-            chosen = [v for t, v in pts if t >= at_ns] if after else [v for t, v in pts if t <= at_ns]
-            out += (chosen[0] if after else chosen[-1]) if chosen else (pts[-1][1] if after else 0.0)
-        return out
+    def value(pts: list[tuple[int, float]], at_ns: int, after: bool) -> float:
+        chosen = [v for t, v in pts if t >= at_ns] if after else [v for t, v in pts if t <= at_ns]
+        return (chosen[0] if after else chosen[-1]) if chosen else (pts[-1][1] if after else 0.0)
 
     for b in blocks:
         start = b["t0_ns"] - int(sum(b["settle_ms"]) * 1e6)
         steps = b["steps"] + len(b["settle_ms"])
         end = b["t1_ns"] + int(COUNT_EXPORT_S * 1e9)
-        b["kernel_calls_per_step"] = (total(end, True, False) - total(start, False, False)) / steps
-        b["kernel_launches_per_step"] = (total(end, True, True) - total(start, False, True)) / steps
+        per_key = {key: (value(pts, end, True) - value(pts, start, False)) / steps for key, pts in series.items()}
+        b["kernel_calls_per_step"] = sum(per_key.values())
+        b["kernel_launches_per_step"] = sum(v for key, v in per_key.items() if is_launch(key))
+        by_function: dict[str, float] = collections.Counter()
+        for key, v in per_key.items():
+            a = dict(key)
+            by_function[f"{a.get('eacgm.layer')} {a.get('code.function.name')}"] += v
+        b["kernel_calls_by_function"] = {k: round(v, 2) for k, v in by_function.items() if v > 0}
+
+
+def cycled_by_guardrail(function: str) -> bool:
+    """Whether the guardrail can duty-cycle a "<layer> <symbol>" of the call statistics: kernel
+    launches (entry-only) and, with probe links, PyTorch operators (otel_eacgm/guardrail.py)."""
+    layer, symbol = function.split(" ", 1)
+    if layer == Layer.TORCH.value:
+        return True
+    spec = next((s for s in CATALOG if s.symbol == symbol), None)
+    return spec is not None and not spec.has_return and not spec.exit_probes
+
+
+def uncycled_calls(blocks: list[dict], workloads: list[str], top: int = 12) -> list[list]:
+    """Per workload, agent_full's calls per step (median over rounds) of the functions the
+    guardrail cannot cycle, most frequent first: with probe hits of several microseconds, these
+    bound what a duty cycle can save."""
+    rows = []
+    for w in workloads:
+        counted = [b["kernel_calls_by_function"] for b in blocks
+                   if b["workload"] == w and b["config"] == "agent_full" and b.get("kernel_calls_by_function")]
+        functions = {f for c in counted for f in c if not cycled_by_guardrail(f)}
+        per_step = sorted(((med([c.get(f, 0.0) for c in counted]), f) for f in functions), reverse=True)
+        rows += [[w, f, round(n, 1)] for n, f in per_step[:top] if n > 0]
+    return rows
 
 
 def launch_total(series: dict[tuple, list[tuple[int, float]]]) -> int:
@@ -313,11 +340,17 @@ def report(rows: list[dict], attaches: list[dict], blocks: list[dict], info: dic
         "",
         *([f"WARNING: {n} blocks ran while an earlier agent's probes were still being released (see blocks[].leftover_probes)", ""]
           if (n := sum(b["leftover_probes"] for b in blocks)) else []),
+        "## calls per step the guardrail cannot cycle (agent_full, in-kernel counts; 2 probe hits each)", "",
+        markdown_table(["workload", "layer function", "calls/step"], uncycled_calls(blocks, workloads_of(rows))), "",
         "## agent attaches (drops must be 0)", "",
         markdown_table(["round", "config", "ready s", "CPU s to ready", "CPU s at stop", "calls", "received", "exported",
                         "dropped_ringbuf", "dropped_export", "probes", "stop s", "release wait s", "released",
                         "guardrail throttled"], att),
     ])
+
+
+def workloads_of(rows: list[dict]) -> list[str]:
+    return list(dict.fromkeys(r["workload"] for r in rows))
 
 
 def merge(dirs: list[Path], out: Path) -> None:
