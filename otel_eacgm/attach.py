@@ -71,8 +71,11 @@ class Attacher:
         self._files[lib.file_key] = lib.path
         before = self._program.probe_count
         missing, failed = [], []
+        failed_kinds: set[GroupKind] = set()
         calls: list[Probe] = []
         launches: list[Probe] = []
+        enqueues: list[Probe] = []
+        enqueue_returns: list[Probe] = []
         for slot, spec in self._rows:
             if spec.family is not lib.family:
                 continue
@@ -81,16 +84,27 @@ class Attacher:
             except SymbolMissing:
                 missing.append(spec.symbol)
                 continue
-            if spec.has_return:
+            if spec.cyclable:  # the guardrail may cycle these: entries and returns in groups of their own
+                enqueues.append(Probe(offset, Tail.ENTRY, slot))
+                enqueue_returns.append(Probe(offset, Tail.RETURN, slot, retprobe=True))
+            elif spec.has_return:
                 calls += [Probe(offset, Tail.ENTRY, slot), Probe(offset, Tail.RETURN, slot, retprobe=True)]
             else:  # entry-only: the guardrail may cycle these
                 launches.append(Probe(offset, Tail.ENTRY, slot))
-        for kind, probes in ((GroupKind.CALLS, calls), (GroupKind.LAUNCH, launches)):
+        # enqueue returns before their entries: an entry seen without its return probe would
+        # leave a frame open; returns whose entries failed are taken off again (hits, no calls)
+        for kind, probes in ((GroupKind.CALLS, calls), (GroupKind.LAUNCH, launches),
+                             (GroupKind.ENQUEUE_RETURN, enqueue_returns), (GroupKind.ENQUEUE, enqueues)):
+            if not probes or (kind is GroupKind.ENQUEUE and GroupKind.ENQUEUE_RETURN in failed_kinds):
+                continue  # (entries whose returns failed: listed as failed with them)
             try:
                 self._program.attach(Group(kind, lib.path), probes, label=f"{lib.family.value} {kind.value} probes")
             except BpfError as exc:
                 failed += sorted({self._rows_by_slot[p.slot].symbol for p in probes})
+                failed_kinds.add(kind)
                 log.error("%s", exc)
+                if kind is GroupKind.ENQUEUE:
+                    self._program.forget(Group(GroupKind.ENQUEUE_RETURN, lib.path))
         added = self._program.probe_count - before
         if missing:
             self.missing[lib.path] = missing

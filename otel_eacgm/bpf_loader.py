@@ -76,6 +76,8 @@ class GroupKind(str, enum.Enum):
     """What a group of probes is, which says whether the guardrail may cycle it."""
 
     CALLS = "calls"            # catalog rows with a return probe: entries and uretprobes
+    ENQUEUE = "enqueue"        # entries of cyclable catalog rows with a return probe (memsets, D2D copies)
+    ENQUEUE_RETURN = "enqueue.return"  # their uretprobes
     LAUNCH = "launch"          # entry-only catalog rows (kernel launches)
     TORCH = "torch"            # operator entries
     TORCH_EXIT = "torch.exit"  # operator returns (uprobes at their return instructions)

@@ -70,7 +70,7 @@ class AgentConfig:
     """BPF ring buffer size in 4 KiB pages (power of two)."""
     uprobe_multi: bool = True
     """Attach probes as uprobe_multi links where the kernel has them (6.6+): attached and released
-    in one step per library; off: one perf event per probe (slow to release, no operator cycling)."""
+    in one step per library; off: one perf event per probe (slow to release; only launches are cycled)."""
     scan_interval_s: float = 2.0
     """Full /proc scan for newly mapped libraries (opens of watched libraries trigger a scan at once)."""
     gate_opens: bool | None = None

@@ -160,6 +160,28 @@ def test_operators_are_cycled_entries_first_and_exits_a_tick_later() -> None:
     assert set(g.duties()) == {"add_", "cuLaunchKernel"}
 
 
+def test_enqueue_calls_are_cycled_entries_first_and_returns_a_tick_later() -> None:
+    g, program = guardrail()
+    # memsets 60k/s x 2 hits (12%, return probes) and synchronisations 1k/s x 2 hits (0.2%)
+    g.observe([stat("cudaMemsetAsync", 60_000), stat("cuStreamSynchronize", 1_000)], 1.0)
+    assert g.duty == pytest.approx((AIM * 0.05 - 0.002) / 0.12)
+    period = max(10.0, MIN_ATTACHED_S / g.duty)
+    g.tick(1.0 + 0.6 * period)
+    assert program.calls == [("detach", GroupKind.ENQUEUE)]
+    g.tick(1.0 + 0.61 * period)
+    assert program.calls[-1] == ("detach", GroupKind.ENQUEUE_RETURN)
+    g.tick(1.0 + period + 0.01)
+    again = program.calls[2:]
+    assert again.index(("attach", GroupKind.ENQUEUE_RETURN)) < again.index(("attach", GroupKind.ENQUEUE))
+    assert set(g.duties()) == {"cudaMemsetAsync"}  # the synchronisations stay attached
+
+
+def test_enqueue_calls_are_not_cycled_without_multi_links() -> None:
+    g, program = guardrail(multi_links=False)
+    g.observe([stat("cudaMemsetAsync", 60_000), stat("cuLaunchKernel", 50_000)], 1.0)
+    assert g.duty == 0.05 and set(g.duties()) == {"cuLaunchKernel"}
+
+
 def test_operators_are_not_cycled_without_multi_links() -> None:
     g, _ = guardrail(multi_links=False)
     # the same load: only the launches can be cycled, and the operators are a fixed 10%

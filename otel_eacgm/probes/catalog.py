@@ -45,6 +45,10 @@ class ProbeSpec:
 
     ``has_return`` attaches a uretprobe too, for calls whose duration or result matters; pure
     asynchronous launches are entry-only (one probe hit per launch, see docs/design.md).
+    ``cyclable``: a call with a return probe that only enqueues work on a stream and never
+    waits for the device (memsets, device-to-device copies), which the overhead guardrail may
+    duty-cycle like launches; calls that wait (synchronisations, host copies, NCCL) stay
+    attached, and the guardrail measures what a probe hit costs from their rate.
     ``deref_arg`` / ``out_arg`` / ``str_arg`` are argument indexes (0-5 registers, 6-9 stack
     slots) whose pointee struct is copied at entry, whose pointee word is read at return, or
     whose C string is copied at return.
@@ -60,6 +64,7 @@ class ProbeSpec:
     out_arg: int = -1
     str_arg: int = -1
     exit_probes: bool = False    # returns probed at return instructions, not by uretprobe (torch_ops.with_exits)
+    cyclable: bool = False       # enqueue-only call with a return probe: the guardrail may cycle it
     returns_status: bool = True  # the return value is a status code (CUDA/NCCL), not data
     attributes: tuple[tuple[str, str], ...] = ()  # constant span attributes (torch.op.*)
     # In-kernel call statistics (bpf/calls.bpf.c `account`): one series per value of key_arg
@@ -102,7 +107,7 @@ CATALOG: tuple[ProbeSpec, ...] = (
     _rt("cudaMemcpy", "memcpy"),
     _rt("cudaMemcpyAsync", "memcpy_async"),
     _rt("cudaMemset", "memset"),
-    _rt("cudaMemsetAsync", "memset_async"),
+    _rt("cudaMemsetAsync", "memset_async", cyclable=True),
     _rt("cudaStreamSynchronize", "stream_arg0"),
     _rt("cudaDeviceSynchronize", "no_args"),
     _rt("cudaEventSynchronize", "event_sync"),
@@ -119,7 +124,7 @@ CATALOG: tuple[ProbeSpec, ...] = (
     _drv("cuMemcpyAsync", "drv_memcpy_async"),
     _drv("cuMemcpyHtoDAsync_v2", "drv_memcpy_async"),
     _drv("cuMemcpyDtoHAsync_v2", "drv_memcpy_async"),
-    _drv("cuMemcpyDtoDAsync_v2", "drv_memcpy_async"),
+    _drv("cuMemcpyDtoDAsync_v2", "drv_memcpy_async", cyclable=True),
     _drv("cuStreamSynchronize", "stream_arg0"),
     _drv("cuCtxSynchronize", "no_args"),
     _drv("cuModuleGetFunction", "name_record", role=Role.NAME_RECORD, out_arg=0, str_arg=2),
