@@ -75,3 +75,9 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    # The gloo backend of PyTorch 2.13 can abort (std::terminate, SIGABRT) while the interpreter
+    # finalizes, after destroy_process_group: 1 run in 10 of the 2-rank CPU test on a loaded
+    # 2-core VM, none in 30 once finalization is skipped. Everything is done and flushed here.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

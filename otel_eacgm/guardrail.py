@@ -33,9 +33,11 @@ so ``probe_hit_cost_us`` is a floor, not the figure: while probes are cycled, ea
 compares the traced process' rate of uncycled calls (synchronisations, NCCL: attached all the
 time) in its attached and detached phases. Slowed by a share c while the cycled probes were
 on, the process paid c of its time for their hits, so a hit cost c / (cycled hits per second);
-a running mean of that, when above the configured cost, is the cost the estimates use
-(gauge ``eacgm.agent.probe.hit_cost``). A process that waits on its GPU is not slowed and keeps
-the configured cost.
+the lower median of the last few periods' figures, when above the configured cost, is the cost
+the estimates use (gauge ``eacgm.agent.probe.hit_cost``). A median, because the workload's own
+changes of pace land in one phase or the other: a straggler's slow step in an attached phase
+read as 91 us a hit on the H100. A process that waits on its GPU is not slowed and keeps the
+configured cost.
 
 While a group is cycled its statistics are extrapolated: what a probe counted in a stats
 window is divided by the share of the window its group was attached (the gauge
@@ -49,6 +51,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections import deque
 from collections.abc import Mapping, Sequence
 
 from otel_eacgm.bpf_loader import CallProgram, CallStat, GroupKind, releases_running
@@ -59,7 +62,8 @@ log = logging.getLogger(__name__)
 MAX_SLOWDOWN = 0.9  # the largest probe share of attached phases the extrapolation corrects for
 MIN_ATTACHED_S = 0.25  # s: an attached phase spans a few of the agent's 0.1 s ticks at least
 MIN_PHASE_CALLS = 20  # uncycled calls each phase must hold to measure a slowdown (a few % of noise)
-COST_WEIGHT = 0.3  # weight of the newest period in the running mean of the measured hit cost
+COST_PERIODS = 5  # periods whose measured hit costs the median is taken over
+COST_MIN_PERIODS = 2  # measured periods before the measured cost is used
 AIM = 0.8  # share of the budget a duty is chosen to cost, and below which full tracing comes back
 RELAX = 1.2  # a throttled duty is raised only to at least this many times itself
 
@@ -121,7 +125,7 @@ class Guardrail:
         self._cycled: dict[_Unit, _Cycled] = {}
         self._slots: dict[_Unit, set[int]] = {}  # slots seen hot in each cycled unit
         self.estimates: dict[int, float] = {}    # pid -> estimated cost share with every probe attached
-        self._measured: dict[int, float] = {}     # pid -> running mean of its measured cost per hit, s
+        self._measured: dict[int, deque[float]] = {}  # pid -> its last periods' measured costs per hit, s
         self._at_detach: tuple[float, dict[tuple[int, int], int]] | None = None  # (time, counts) when last detached
         self._warned_fixed = False
         self._warned_release = False
@@ -189,23 +193,28 @@ class Guardrail:
         for pid, (attached, detached) in fixed.items():
             if attached < MIN_PHASE_CALLS or detached < MIN_PHASE_CALLS or not cycled_hits.get(pid):
                 continue
-            slowdown = max(0.0, 1.0 - (attached / (t_detach - t0)) / (detached / (now - t_detach)))
-            cost = slowdown * (t_detach - t0) / cycled_hits[pid]
-            prev = self._measured.get(pid)
-            self._measured[pid] = cost if prev is None else prev + COST_WEIGHT * (cost - prev)
-            if self._measured[pid] > 1.25 * self.hit_cost_s and pid not in self._warned_cost:
+            # signed: a phase the workload itself sped up must weigh against one it slowed down
+            slowdown = 1.0 - (attached / (t_detach - t0)) / (detached / (now - t_detach))
+            self._measured.setdefault(pid, deque(maxlen=COST_PERIODS)).append(slowdown * (t_detach - t0) / cycled_hits[pid])
+            measured = self._measured_cost(pid)
+            if measured is not None and measured > 1.25 * self.hit_cost_s and pid not in self._warned_cost:
                 self._warned_cost.add(pid)
                 log.warning("guardrail: a probe hit costs pid %d about %.1f us here (measured from its slowdown while "
                             "the cycled probes were attached), more than probe_hit_cost_us %.1f; the estimates use "
-                            "the measured cost", pid, 1e6 * self._measured[pid], 1e6 * self.hit_cost_s)
+                            "the measured cost", pid, 1e6 * measured, 1e6 * self.hit_cost_s)
+
+    def _measured_cost(self, pid: int) -> float | None:
+        """The lower median of `pid`'s last periods' costs per hit, once there are enough."""
+        costs = sorted(self._measured.get(pid, ()))
+        return costs[(len(costs) - 1) // 2] if len(costs) >= COST_MIN_PERIODS else None
 
     def hit_cost(self, pid: int) -> float:
         """Seconds per probe hit in process `pid`: the configured cost, or the measured one if higher."""
-        return max(self.hit_cost_s, self._measured.get(pid, 0.0))
+        return max(self.hit_cost_s, self._measured_cost(pid) or 0.0)
 
     def hit_costs(self) -> dict[int, float]:
         """Per traced process with a measurement, the cost per hit in use (eacgm.agent.probe.hit_cost)."""
-        return {pid: self.hit_cost(pid) for pid in list(self._measured)}
+        return {pid: self.hit_cost(pid) for pid in list(self._measured) if self._measured_cost(pid) is not None}
 
     def _extrapolation(self, gains: Mapping[tuple[int, int], int], shares: Mapping[_Unit, float],
                        window: float) -> dict[tuple[int, int], float]:
@@ -272,7 +281,7 @@ class Guardrail:
             if worst_fixed >= AIM * self.budget and not self._warned_fixed:
                 self._warned_fixed = True
                 log.warning("guardrail: probes that cannot be cycled alone cost %.1f%% of a traced thread, more than "
-                            "the %.1f%% a duty aims at (budget %.1f%%); launches and operators cycled at their minimum "
+                            "the %.1f%% a duty aims at (budget %.1f%%); the cyclable probes cycled at their minimum "
                             "share, turn layers off to go lower", 100 * worst_fixed, 100 * AIM * self.budget,
                             100 * self.budget)
         if duty < 1.0 and self.duty < 1.0:
