@@ -220,12 +220,13 @@ def kernel_counts(series: dict[tuple, list[tuple[int, float]]], blocks: list[dic
 
 def cycled_by_guardrail(function: str) -> bool:
     """Whether the guardrail can duty-cycle a "<layer> <symbol>" of the call statistics: kernel
-    launches (entry-only) and, with probe links, PyTorch operators (otel_eacgm/guardrail.py)."""
+    launches (entry-only) and, with probe links, PyTorch operators and the catalog's cyclable
+    enqueue calls (otel_eacgm/guardrail.py)."""
     layer, symbol = function.split(" ", 1)
     if layer == Layer.TORCH.value:
         return True
     spec = next((s for s in CATALOG if s.symbol == symbol), None)
-    return spec is not None and not spec.has_return and not spec.exit_probes
+    return spec is not None and (spec.cyclable or not (spec.has_return or spec.exit_probes))
 
 
 def uncycled_calls(blocks: list[dict], workloads: list[str], top: int = 12) -> list[list]:
@@ -350,6 +351,7 @@ def report(rows: list[dict], attaches: list[dict], blocks: list[dict], info: dic
 
 
 def workloads_of(rows: list[dict]) -> list[str]:
+    """The workloads of the result rows, in their order."""
     return list(dict.fromkeys(r["workload"] for r in rows))
 
 

@@ -52,7 +52,8 @@ def test_merged_runs_give_one_analysis_over_all_their_rounds(tmp_path: Path) -> 
 
 def test_calls_per_step_are_counted_per_function_and_the_uncycled_ones_listed() -> None:
     """Cumulative eacgm.calls points around a block of 10 steps give each function's calls per
-    step; launches and operators (cycled by the guardrail) are left out of the uncycled list."""
+    step; launches, operators and memsets (cycled by the guardrail) are left out of the
+    uncycled list."""
     s = 1_000_000_000
     block = {"workload": "gpt_launch", "config": "agent_full", "t0_ns": 10 * s, "t1_ns": 20 * s, "steps": 10,
              "settle_ms": []}
@@ -65,11 +66,12 @@ def test_calls_per_step_are_counted_per_function_and_the_uncycled_ones_listed() 
         key("torch", "aten::mm"): [(9 * s, 50.0), (22 * s, 50.0 + 10 * 40)],
         key("cuda.runtime", "cudaMemcpyAsync"): [(9 * s, 3.0), (22 * s, 3.0 + 10 * 25)],
         key("nccl", "ncclAllReduce"): [(9 * s, 1.0), (22 * s, 1.0 + 10 * 1)],
-        key("cuda.runtime", "cudaMemsetAsync"): [(9 * s, 5.0), (22 * s, 5.0)],  # none in the block
+        key("cuda.runtime", "cudaMemsetAsync"): [(9 * s, 5.0), (22 * s, 5.0 + 10 * 58)],  # cyclable since 2026-12-06
+        key("cuda.runtime", "cudaStreamSynchronize"): [(9 * s, 7.0), (22 * s, 7.0)],  # none in the block
     }
     overhead_ab.kernel_counts(series, [block])
-    assert block["kernel_calls_per_step"] == 566 and block["kernel_launches_per_step"] == 500
+    assert block["kernel_calls_per_step"] == 624 and block["kernel_launches_per_step"] == 500
     assert block["kernel_calls_by_function"]["cuda.runtime cudaMemcpyAsync"] == 25
-    assert "cuda.runtime cudaMemsetAsync" not in block["kernel_calls_by_function"]
+    assert "cuda.runtime cudaStreamSynchronize" not in block["kernel_calls_by_function"]
     assert overhead_ab.uncycled_calls([block], ["gpt_launch"]) == [
         ["gpt_launch", "cuda.runtime cudaMemcpyAsync", 25.0], ["gpt_launch", "nccl ncclAllReduce", 1.0]]
