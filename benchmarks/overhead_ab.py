@@ -52,6 +52,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from agent_session import ALL_LAYERS, Agent, agent_processes, markdown_table, med, wait_gone  # noqa: E402
+from otel_eacgm.guardrail import unit_of  # noqa: E402
 from otel_eacgm.otlp_store import serve  # noqa: E402
 from otel_eacgm.probes.catalog import CATALOG, Layer  # noqa: E402
 
@@ -219,14 +220,12 @@ def kernel_counts(series: dict[tuple, list[tuple[int, float]]], blocks: list[dic
 
 
 def cycled_by_guardrail(function: str) -> bool:
-    """Whether the guardrail can duty-cycle a "<layer> <symbol>" of the call statistics: kernel
-    launches (entry-only) and, with probe links, PyTorch operators and the catalog's cyclable
-    enqueue calls (otel_eacgm/guardrail.py)."""
+    """Whether the guardrail (with probe links) duty-cycles a "<layer> <symbol>" of the call
+    statistics: every PyTorch operator, and the catalog rows its rule says."""
     layer, symbol = function.split(" ", 1)
     if layer == Layer.TORCH.value:
         return True
-    spec = next((s for s in CATALOG if s.symbol == symbol), None)
-    return spec is not None and (spec.cyclable or not (spec.has_return or spec.exit_probes))
+    return unit_of(next((s for s in CATALOG if s.symbol == symbol), None), multi_links=True) is not None
 
 
 def uncycled_calls(blocks: list[dict], workloads: list[str], top: int = 12) -> list[list]:

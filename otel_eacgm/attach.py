@@ -71,7 +71,6 @@ class Attacher:
         self._files[lib.file_key] = lib.path
         before = self._program.probe_count
         missing, failed = [], []
-        failed_kinds: set[GroupKind] = set()
         calls: list[Probe] = []
         launches: list[Probe] = []
         enqueues: list[Probe] = []
@@ -91,20 +90,15 @@ class Attacher:
                 calls += [Probe(offset, Tail.ENTRY, slot), Probe(offset, Tail.RETURN, slot, retprobe=True)]
             else:  # entry-only: the guardrail may cycle these
                 launches.append(Probe(offset, Tail.ENTRY, slot))
-        # enqueue returns before their entries: an entry seen without its return probe would
-        # leave a frame open; returns whose entries failed are taken off again (hits, no calls)
-        for kind, probes in ((GroupKind.CALLS, calls), (GroupKind.LAUNCH, launches),
-                             (GroupKind.ENQUEUE_RETURN, enqueue_returns), (GroupKind.ENQUEUE, enqueues)):
-            if not probes or (kind is GroupKind.ENQUEUE and GroupKind.ENQUEUE_RETURN in failed_kinds):
-                continue  # (entries whose returns failed: listed as failed with them)
+        for kind, probes in ((GroupKind.CALLS, calls), (GroupKind.LAUNCH, launches)):
             try:
                 self._program.attach(Group(kind, lib.path), probes, label=f"{lib.family.value} {kind.value} probes")
             except BpfError as exc:
                 failed += sorted({self._rows_by_slot[p.slot].symbol for p in probes})
-                failed_kinds.add(kind)
                 log.error("%s", exc)
-                if kind is GroupKind.ENQUEUE:
-                    self._program.forget(Group(GroupKind.ENQUEUE_RETURN, lib.path))
+        if enqueues and not self._attach_pair(lib.path, lib.family.value, (GroupKind.ENQUEUE_RETURN, enqueue_returns),
+                                              (GroupKind.ENQUEUE, enqueues)):
+            failed += sorted({self._rows_by_slot[p.slot].symbol for p in enqueues})
         added = self._program.probe_count - before
         if missing:
             self.missing[lib.path] = missing
@@ -113,6 +107,20 @@ class Attacher:
             self.failed[lib.path] = failed
         log.info("attached %d probes to %s (%s)", added, lib.path, lib.family.value)
         return added
+
+    def _attach_pair(self, path: str, label: str, returns: tuple[GroupKind, list[Probe]],
+                     entries: tuple[GroupKind, list[Probe]]) -> bool:
+        """Attach the return probes of a group the guardrail cycles, then its entries: an entry
+        seen without its return probe would leave a frame open. If either fails, the returns are
+        taken off again (returns without entries cost hits and trace nothing); False then."""
+        for kind, probes in (returns, entries):
+            try:
+                self._program.attach(Group(kind, path), probes, label=f"{label} {kind.value} probes")
+            except BpfError as exc:
+                log.error("%s", exc)
+                self._program.forget(Group(returns[0], path))
+                return False
+        return True
 
     # --- PyTorch operators ----------------------------------------------------------------
     def _slot_for(self, op: torch_ops.TorchOp) -> int | None:
@@ -155,15 +163,8 @@ class Attacher:
                 continue
             entries.append(Probe(op.file_offset, Tail.ENTRY, slot))
             exits += [Probe(offset, Tail.RETURN, slot) for offset in op.exits]
-        # exits first: an entry seen without its exit probe would leave a frame open
-        for kind, probes in ((GroupKind.TORCH_EXIT, exits), (GroupKind.TORCH, entries)):
-            try:
-                self._program.attach(Group(kind, lib.path), probes, label=f"torch {kind.value} probes")
-            except BpfError as exc:
-                failed = [op.qualified for op in chosen]
-                log.error("%s", exc)
-                self._program.forget(Group(GroupKind.TORCH_EXIT, lib.path))  # exits without entries: hits, no calls
-                break
+        if not self._attach_pair(lib.path, "torch", (GroupKind.TORCH_EXIT, exits), (GroupKind.TORCH, entries)):
+            failed = [op.qualified for op in chosen]
         if failed:
             self.failed[lib.path] = failed
         added = self._program.probe_count - before

@@ -107,6 +107,18 @@ def _hits(spec: ProbeSpec | None) -> int:
     return 1 if spec is not None and not spec.has_return and not spec.exit_probes else 2
 
 
+def unit_of(spec: ProbeSpec | None, multi_links: bool) -> _Unit | None:
+    """The probe groups `spec`'s probes are cycled with, None for probes never cycled: launches
+    always, operators and enqueue calls with probe links (see the module docstring)."""
+    if spec is None:
+        return None
+    if spec.layer is Layer.TORCH:
+        return _OPERATORS if multi_links else None
+    if spec.cyclable:
+        return _ENQUEUES if multi_links else None
+    return _LAUNCHES if _hits(spec) == 1 else None
+
+
 class Guardrail:
     """Estimates each process' probe cost and duty-cycles launch and operator probes past the budget."""
 
@@ -214,7 +226,8 @@ class Guardrail:
 
     def hit_costs(self) -> dict[int, float]:
         """Per traced process with a measurement, the cost per hit in use (eacgm.agent.probe.hit_cost)."""
-        return {pid: self.hit_cost(pid) for pid in list(self._measured) if self._measured_cost(pid) is not None}
+        return {pid: max(self.hit_cost_s, cost) for pid in list(self._measured)
+                if (cost := self._measured_cost(pid)) is not None}
 
     def _extrapolation(self, gains: Mapping[tuple[int, int], int], shares: Mapping[_Unit, float],
                        window: float) -> dict[tuple[int, int], float]:
@@ -244,13 +257,7 @@ class Guardrail:
                 for (pid, slot), share in cycled.items()}
 
     def _unit_of(self, spec: ProbeSpec | None) -> _Unit | None:
-        if spec is None:
-            return None
-        if spec.layer is Layer.TORCH:
-            return _OPERATORS if self._program.multi_links else None
-        if spec.cyclable:
-            return _ENQUEUES if self._program.multi_links else None
-        return _LAUNCHES if _hits(spec) == 1 else None
+        return unit_of(spec, self._program.multi_links)
 
     def _decide(self, per_pid: dict[int, list[tuple[ProbeSpec | None, int, float]]]) -> None:
         worst_fixed = worst_cyclable = 0.0
