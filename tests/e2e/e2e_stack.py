@@ -38,7 +38,7 @@ SERVICE = "eacgm-e2e"
 #: warm-up (16 windows of 0.5 s, tests/fixtures/detector-e2e.yaml) by a few scored windows,
 #: the fault fills about five windows, clean steps follow. 50 fault steps sleep at least
 #: 49 x 50 ms between the first's start and the last's end, so at least three whole windows lie
-#: inside the fault wherever the window edges fall (40 steps left only two, ~1 run in 12).
+#: inside the fault wherever the window edges fall (40 steps could leave two: CI saw it once).
 STEPS, COMM_FAULT = 290, range(201, 251)
 WINDOW_NS = 500_000_000
 WORKLOAD = REPO / "examples/cuda_steps.py"
