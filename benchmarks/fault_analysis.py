@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import importlib.util
 import json
 import math
 import os
@@ -47,15 +46,11 @@ SAME_RECORDING = ("device", "train_args", "window_s", "metrics_interval_s", "age
 
 
 def detector_modules():
-    """eacgm_detector as installed, else loaded from detector/ (a PYTHONPATH-only checkout)."""
+    """eacgm_detector as installed, else from detector/ (a PYTHONPATH-only checkout)."""
     try:
         import eacgm_detector  # noqa: F401, PLC0415
     except ImportError:
-        spec = importlib.util.spec_from_file_location("eacgm_detector", REPO / "detector/__init__.py",
-                                                      submodule_search_locations=[str(REPO / "detector")])
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["eacgm_detector"] = module
-        spec.loader.exec_module(module)
+        sys.path.insert(0, str(REPO / "detector"))
     from eacgm_detector.config import DetectorConfig  # noqa: PLC0415
     from eacgm_detector.online import fit_rows  # noqa: PLC0415
     from eacgm_detector.persist import save_model  # noqa: PLC0415
@@ -300,7 +295,7 @@ def example_section(shown: dict) -> list[str]:
     log = shown["log"]["resourceLogs"][0]["scopeLogs"][0]["logRecords"][0]
     out = ["## One anomaly as a user sees it", "",
            f"The first anomaly of `{shown['run']}` ({shown['model']} model, entity `{shown['entity']}`), as the "
-           "detector's emitter (`detector/emit.py`) sends it; also in `example_anomaly.json`. The event's message:", "",
+           "detector's emitter (`detector/eacgm_detector/emit.py`) sends it; also in `example_anomaly.json`. The event's message:", "",
            f"> {log['body']['stringValue']}", "",
            "The `eacgm.anomaly` log record (OTLP/JSON, `ExportLogsServiceRequest`):", "",
            "```json", compact_json(shown["log"]), "```", ""]

@@ -18,12 +18,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from otel_eacgm import uprobe_multi
+from otel_eacgm.bpf import SOURCE_DIR
 from otel_eacgm.events import MAX_ARGS, MAX_DEPTH, PY_RULES, CallEvent, PyRule, Stat
 from otel_eacgm.probes.catalog import MAX_SLOTS, ProbeSpec
 
 log = logging.getLogger(__name__)
 
-BPF_DIR = Path(__file__).resolve().parent.parent / "bpf"
+BPF_DIR = SOURCE_DIR
 _DETACHED_RELEASE_MIN = 8  # probes or links; fewer are released in the agent (see CallProgram._release)
 
 

@@ -1,4 +1,4 @@
-"""Fuzzing the config loaders (agent: otel_eacgm/config.py, detector: detector/config.py).
+"""Fuzzing the config loaders (agent: otel_eacgm/config.py, detector: detector/eacgm_detector/config.py).
 
 Any YAML document, environment value or mapping must give either a valid configuration (every
 number finite, every field of its declared type) or the loader's own error (ConfigError /
