@@ -9,8 +9,8 @@ from __future__ import annotations
 CUDA_RUNTIME_ERRORS = {
     0: "cudaSuccess", 1: "cudaErrorInvalidValue", 2: "cudaErrorMemoryAllocation",
     3: "cudaErrorInitializationError", 4: "cudaErrorCudartUnloading",
-    9: "cudaErrorInvalidConfiguration", 11: "cudaErrorInvalidPitchValue",
-    12: "cudaErrorInvalidSymbol", 17: "cudaErrorInvalidDevicePointer",
+    9: "cudaErrorInvalidConfiguration", 12: "cudaErrorInvalidPitchValue",
+    13: "cudaErrorInvalidSymbol", 17: "cudaErrorInvalidDevicePointer",
     21: "cudaErrorInvalidMemcpyDirection", 35: "cudaErrorInsufficientDriver",
     46: "cudaErrorDevicesUnavailable", 98: "cudaErrorInvalidDeviceFunction",
     100: "cudaErrorNoDevice", 101: "cudaErrorInvalidDevice", 200: "cudaErrorInvalidKernelImage",
