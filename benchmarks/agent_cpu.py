@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from otel_eacgm.otlp_store import serve  # noqa: E402
+from eacgm_testkit.otlp_store import serve  # noqa: E402
 from probe_overhead import build_loop, find_libraries  # noqa: E402
 
 _TICK = os.sysconf("SC_CLK_TCK")

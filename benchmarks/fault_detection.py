@@ -61,7 +61,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from agent_session import Agent, wait_gone  # noqa: E402
 from fault_analysis import analyse, detector_modules, load_recordings  # noqa: E402
-from otel_eacgm.otlp_store import attrs, serve  # noqa: E402
+from eacgm_testkit.otlp_store import attrs, serve  # noqa: E402
 from run_bundle import MAX_FILES, write_bundle  # noqa: E402
 
 FAULTS = ("gpu-contention", "input-stall", "comm-slowdown", "memory-pressure", "straggler")

@@ -53,7 +53,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from agent_session import ALL_LAYERS, Agent, agent_processes, markdown_table, med, wait_gone  # noqa: E402
 from otel_eacgm.guardrail import unit_of  # noqa: E402
-from otel_eacgm.otlp_store import serve  # noqa: E402
+from eacgm_testkit.otlp_store import serve  # noqa: E402
 from otel_eacgm.probes.catalog import CATALOG, Layer  # noqa: E402
 
 CONFIGS = ("untraced", "agent_default", "agent_full", "profiler")

@@ -27,7 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from otel_eacgm.otlp_store import serve  # noqa: E402
+from eacgm_testkit.otlp_store import serve  # noqa: E402
 
 
 def find_libraries() -> tuple[str, str]:

@@ -29,7 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from otel_eacgm.otlp_store import Store, serve  # noqa: E402
+from eacgm_testkit.otlp_store import Store, serve  # noqa: E402
 
 SERVICE = "eacgm-demo"
 

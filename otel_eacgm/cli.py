@@ -29,7 +29,7 @@ def _trace_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _common_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help="YAML config file (see examples/agent.yaml)")
+    p.add_argument("--config", help="YAML config file (see examples/agent.yaml; also OTEL_EACGM_<KEY>)")
     p.add_argument("--endpoint", help="OTLP endpoint (default: OTEL_EXPORTER_OTLP_ENDPOINT)")
     p.add_argument("--protocol", choices=["grpc", "http/protobuf"], help="OTLP protocol")
     p.add_argument("--insecure", action="store_const", const=True, help="gRPC without TLS")
@@ -57,7 +57,7 @@ def _run_agent(args: argparse.Namespace) -> int:
     try:
         cfg = load(args.config, flags)
     except ConfigError as exc:
-        print(f"otel-eacgm agent: {exc}", file=sys.stderr)
+        print(f"otel-eacgm {args.cmd}: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s otel-eacgm %(levelname)s %(name)s: %(message)s")
     from otel_eacgm.doctor import check_privileges

@@ -1,31 +1,30 @@
 """The agent's configuration: one typed object, loaded from YAML, environment and flags.
 
-Precedence: command-line flag > environment (OTEL_EACGM_<KEY>) > config file > default.
-The standard OTEL_EXPORTER_OTLP_* variables keep their standard meaning: when no endpoint is
-configured here, the SDK exporters read them. Unknown keys and bad values raise ConfigError
-naming the key, the value and what was expected.
+Loading follows the convention of otel_eacgm.settings, shared with the detector: flag >
+environment (OTEL_EACGM_<KEY>) > config file > default; unknown keys and bad values raise
+ConfigError naming the key, the value and what was expected. The standard
+OTEL_EXPORTER_OTLP_* variables keep their standard meaning: when no endpoint is configured
+here, the SDK exporters read them (otel_eacgm.environment_variables lists every variable).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-import yaml
-
+from otel_eacgm import environment_variables as env_vars
 from otel_eacgm.export import PROTOCOLS
 from otel_eacgm.probes import python_usdt, torch_ops
 from otel_eacgm.probes.catalog import TORCH_SLOTS, Layer
+from otel_eacgm.settings import ConfigError, Settings
 
-log = logging.getLogger(__name__)
+__all__ = ["DEFAULT_LAYERS", "LAYER_NAMES", "AgentConfig", "ConfigError", "load"]
 
-ENV_PREFIX = "OTEL_EACGM_"
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 LAYER_NAMES = tuple(layer.value for layer in Layer)
 # Python function probes cost a probe hit per Python call of the traced process (filtered in
@@ -33,17 +32,17 @@ LAYER_NAMES = tuple(layer.value for layer in Layer)
 DEFAULT_LAYERS = tuple(name for name in LAYER_NAMES if name != Layer.PYTHON.value)
 
 
-class ConfigError(ValueError):
-    """A configuration value is missing, unknown or invalid."""
-
-
 def _default_protocol() -> str:
-    return os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "grpc"
+    return (os.environ.get(env_vars.OTEL_EXPORTER_OTLP_TRACES_PROTOCOL)
+            or os.environ.get(env_vars.OTEL_EXPORTER_OTLP_PROTOCOL) or "grpc")
 
 
 @dataclasses.dataclass
-class AgentConfig:
-    """Every agent setting, with its default. YAML keys are the field names (section.key)."""
+class AgentConfig(Settings):
+    """Every agent setting, with its default. YAML keys are the field names, optionally grouped
+    in sections (exporter:, capture:, ...)."""
+
+    ENV_PREFIX: ClassVar[str] = env_vars.OTEL_EACGM_PREFIX
 
     # exporter: where spans and metrics go
     protocol: str = dataclasses.field(default_factory=_default_protocol)
@@ -147,9 +146,11 @@ class AgentConfig:
     stats_log_interval_s: float = 30.0
     """Interval of the agent's summary log line (0: only at exit)."""
     log_level: str = "info"
+    """Level of the agent's own log: debug, info, warning, error or critical."""
 
-    def validate(self) -> None:
-        """Raise ConfigError naming the first invalid setting."""
+    def validate(self) -> AgentConfig:
+        """Raise ConfigError naming the first invalid setting; return self."""
+        super().validate()
         if self.protocol not in PROTOCOLS:
             raise ConfigError(f"protocol {self.protocol!r} is not one of {PROTOCOLS}")
         bad = [name for name in self.layers if name not in LAYER_NAMES]
@@ -199,99 +200,10 @@ class AgentConfig:
             raise ConfigError(f"cgroup {self.cgroup!r} is not a directory (expected e.g. /sys/fs/cgroup/system.slice/train.service)")
         if self.log_level.upper() not in logging.getLevelNamesMapping():
             raise ConfigError(f"log_level {self.log_level!r} is not a logging level")
-
-    def apply(self, values: Mapping[str, Any], source: str) -> None:
-        """Overlay settings from `source` (a file name, "environment", "flags")."""
-        fields = {f.name: f for f in dataclasses.fields(self)}
-        for key, raw in values.items():
-            if key not in fields:
-                raise ConfigError(f"{source}: unknown setting {key!r}; known: {sorted(fields)}")
-            setattr(self, key, _coerce(key, raw, getattr(self, key), fields[key].type, source))
-
-
-def _coerce(key: str, raw: Any, current: Any, type_name: Any, source: str) -> Any:
-    text = str(type_name)
-    try:
-        if raw is None:
-            if "None" not in text:
-                raise ValueError("no value")
-            return None
-        if "list[int]" in text:
-            items = raw.split(",") if isinstance(raw, str) else raw
-            if not isinstance(items, list):
-                raise ValueError("not a list")
-            return [_integer(x) for x in items if str(x).strip()]
-        if "list[str]" in text:
-            items = raw.split(",") if isinstance(raw, str) else raw
-            if not isinstance(items, list) or not all(isinstance(x, (str, int, float)) for x in items):
-                raise ValueError("not a list of names")
-            return [str(x).strip() for x in items if str(x).strip()]
-        if "bool" in text:
-            if isinstance(raw, bool):
-                return raw
-            lowered = str(raw).strip().lower()
-            if lowered in ("1", "true", "yes", "on"):
-                return True
-            if lowered in ("0", "false", "no", "off"):
-                return False
-            raise ValueError("not a boolean")
-        if "float" in text:
-            if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
-                raise ValueError("not a number")
-            value = float(raw)
-            if not math.isfinite(value):
-                raise ValueError("not a finite number")
-            return value
-        if "int" in text:
-            return _integer(raw)
-        if not isinstance(raw, (str, int, float)) or isinstance(raw, bool):
-            raise ValueError("not text")
-        return str(raw)
-    except (TypeError, ValueError, OverflowError) as exc:
-        raise ConfigError(f"{source}: {key}={raw!r} is invalid ({exc}); expected {text}") from None
-
-
-def _integer(raw: Any) -> int:
-    """An int from an int, an integral float or its text; 1.5, true and [] are not integers."""
-    if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
-        raise ValueError("not an integer")
-    if isinstance(raw, float):
-        if not raw.is_integer():
-            raise ValueError("not an integer")
-        return int(raw)
-    return int(raw)
-
-
-def _flatten(data: Mapping[str, Any], source: str) -> dict[str, Any]:
-    """YAML may group keys in sections (exporter:, capture:, targets:, telemetry:)."""
-    flat: dict[str, Any] = {}
-    for key, value in data.items():
-        if isinstance(value, Mapping):
-            flat.update(_flatten(value, source))
-        else:
-            flat[key] = value
-    return flat
+        return self
 
 
 def load(path: str | None = None, flags: Mapping[str, Any] | None = None,
          environ: Mapping[str, str] | None = None) -> AgentConfig:
     """Build and validate the configuration from a YAML file, the environment and flags."""
-    cfg = AgentConfig()
-    if path:
-        try:
-            data = yaml.safe_load(Path(path).read_text()) or {}
-        except OSError as exc:
-            raise ConfigError(f"config file {path}: {exc.strerror}") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
-        if not isinstance(data, Mapping):
-            raise ConfigError(f"config file {path} must hold a mapping, not {type(data).__name__}")
-        cfg.apply(_flatten(data, path), path)
-    env = os.environ if environ is None else environ
-    names = {f.name for f in dataclasses.fields(cfg)}
-    from_env = {k[len(ENV_PREFIX):].lower(): v for k, v in env.items()
-                if k.startswith(ENV_PREFIX) and k[len(ENV_PREFIX):].lower() in names}
-    cfg.apply(from_env, "environment")
-    cfg.apply({k: v for k, v in (flags or {}).items() if v is not None}, "flags")
-    cfg.validate()
-    return cfg
+    return AgentConfig.load(path, flags, environ)

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from collector_build import collector_binary  # noqa: E402
 from loopback import free_port, wait_port  # noqa: E402
-from otel_eacgm.otlp_store import Store, serve  # noqa: E402
+from eacgm_testkit.otlp_store import Store, serve  # noqa: E402
 
 REQUIRE_EBPF = os.environ.get("OTEL_EACGM_REQUIRE_EBPF") == "1"
 

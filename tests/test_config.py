@@ -58,3 +58,31 @@ def test_example_config_names_every_option_at_its_default() -> None:
     loaded, default = load(str(EXAMPLE), environ={}), AgentConfig()
     differ = {f.name for f in dataclasses.fields(AgentConfig) if getattr(loaded, f.name) != getattr(default, f.name)}
     assert differ == set(), f"examples/agent.yaml sets {differ} to other than the defaults"
+
+
+def test_environment_and_yaml_rules(tmp_path: Path) -> None:
+    # Text is parsed by the field's type; an empty variable counts as unset.
+    cfg = load(None, environ={"OTEL_EACGM_LAYERS": "nccl, torch", "OTEL_EACGM_PIDS": "1,2",
+                              "OTEL_EACGM_LAUNCH_RETURNS": "on", "OTEL_EACGM_ENDPOINT": ""})
+    assert (cfg.layers, cfg.pids, cfg.launch_returns, cfg.endpoint) == (["nccl", "torch"], [1, 2], True, None)
+    with pytest.raises(ConfigError, match=r"\(from OTEL_EACGM_TRACE_SLICE_S\)"):
+        load(None, environ={"OTEL_EACGM_TRACE_SLICE_S": "nan"})
+    f = tmp_path / "a.yaml"
+    f.write_text("capture:\n  bogus: 1\n")
+    with pytest.raises(ConfigError, match=r"unknown setting 'bogus' \(in section 'capture'\)"):
+        load(str(f), environ={})
+    f.write_text("batch_size: 100\nexporter:\n  batch_size: 200\n")
+    with pytest.raises(ConfigError, match=r"'batch_size' is set twice \(batch_size and exporter.batch_size\)"):
+        load(str(f), environ={})
+
+
+def test_every_setting_is_documented_where_declared() -> None:
+    import dataclasses  # noqa: PLC0415
+
+    from otel_eacgm.config import AgentConfig  # noqa: PLC0415
+    from otel_eacgm.environment_variables import agent_variables  # noqa: PLC0415
+    from otel_eacgm.settings import field_docs  # noqa: PLC0415
+
+    docs = field_docs(AgentConfig)
+    assert [f.name for f in dataclasses.fields(AgentConfig) if not docs.get(f.name)] == []
+    assert set(agent_variables()) == {f"OTEL_EACGM_{f.name.upper()}" for f in dataclasses.fields(AgentConfig)}

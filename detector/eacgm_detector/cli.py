@@ -21,19 +21,21 @@ from eacgm_detector.online import fit_rows, fit_table, table_features
 from eacgm_detector.persist import SavedModel, load_model, save_model
 from eacgm_detector.records import entity_label
 from eacgm_detector.replay import read_csv, score_otlp, windows_from_otlp
+from otel_eacgm import environment_variables as env_vars
 
 log = logging.getLogger("eacgm_detector")
 
 
+# Settings a subcommand may take as a flag (argparse dest = setting name); absent ones are None.
+_FLAG_KEYS = ("listen", "export_endpoint", "model_path", "covariance_type", "max_components", "window_s",
+              "threshold_method", "threshold_risk", "confirm_windows")
+
+
 def _config(args) -> DetectorConfig:
-    cfg = (DetectorConfig.load(args.config) if args.config else DetectorConfig()).apply_environment()
-    for key in ("listen", "export_endpoint", "model_path", "covariance_type", "max_components",
-                "window_s", "threshold_method", "threshold_risk", "confirm_windows"):
-        val = getattr(args, key, None)
-        if val is not None:
-            setattr(cfg, key, val)
+    """Flags > OTEL_EACGM_DETECTOR_<KEY> > --config file > defaults (otel_eacgm.settings)."""
+    cfg = DetectorConfig.load(args.config, {key: getattr(args, key, None) for key in _FLAG_KEYS})
     if getattr(args, "command", None) == "serve" and cfg.export_endpoint is None:
-        env = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        env = os.environ.get(env_vars.OTEL_EXPORTER_OTLP_ENDPOINT)
         if env:
             cfg.export_endpoint = env.removeprefix("http://").removeprefix("https://")
     return cfg.validate()
@@ -154,7 +156,7 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--confirm-windows", dest="confirm_windows", type=int,
                        help="consecutive windows below the threshold that make an anomaly (default 2)")
     for s in (serve, fit, score):
-        s.add_argument("--config", help="YAML file of detector config keys")
+        s.add_argument("--config", help="YAML file of detector settings (also OTEL_EACGM_DETECTOR_<KEY>)")
     return p
 
 

@@ -1,4 +1,4 @@
-"""Shared fixtures: real OTLP gRPC receivers (the package's store) for the detector's output."""
+"""Shared fixtures: real OTLP gRPC receivers (the test kit's store) for the detector's output."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from otel_eacgm.otlp_store import serve
+from eacgm_testkit.otlp_store import serve
 
 sys.path.insert(0, str(Path(__file__).parent))
 

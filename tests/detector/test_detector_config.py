@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eacgm_detector.config import DetectorConfig
+from eacgm_detector.config import BEARER_TOKEN_ENV, ConfigError, DetectorConfig
+from otel_eacgm.settings import field_docs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,7 +38,7 @@ def test_yaml_load_and_unknown_keys(tmp_path):
     assert (cfg.window_s, cfg.covariance_type, cfg.entity_attributes) == (5, "diag", ["host.name"])
     bad = tmp_path / "bad.yaml"
     bad.write_text("windw_s: 5\n")
-    with pytest.raises(ValueError, match=r"unknown detector config key\(s\) \['windw_s'\]"):
+    with pytest.raises(ConfigError, match=r"bad.yaml: unknown setting 'windw_s'; did you mean 'window_s'\?"):
         DetectorConfig.load(bad)
 
 
@@ -59,3 +60,52 @@ def test_docs_example_config_loads():
     block = text.split("```yaml\n", 1)[1].split("```", 1)[0]
     cfg = DetectorConfig.from_mapping(yaml.safe_load(block))
     assert cfg.warmup_windows == 90 and cfg.listen == "0.0.0.0:4319"
+
+
+def test_precedence_flag_over_env_over_file(tmp_path):
+    f = tmp_path / "d.yaml"
+    f.write_text("window_s: 5\ngrace_s: 2\nwarmup_windows: 20\n")
+    env = {"OTEL_EACGM_DETECTOR_WINDOW_S": "6", "OTEL_EACGM_DETECTOR_GRACE_S": "3",
+           "OTEL_EACGM_DETECTOR_ENTITY_ATTRIBUTES": "host.name, eacgm.rank"}
+    cfg = DetectorConfig.load(f, {"window_s": 7.0, "listen": None}, environ=env)
+    assert (cfg.window_s, cfg.grace_s, cfg.warmup_windows) == (7.0, 3.0, 20)
+    assert cfg.entity_attributes == ["host.name", "eacgm.rank"] and cfg.listen == "127.0.0.1:4319"
+
+
+def test_environment_follows_the_shared_convention():
+    # The token keeps its variable; an empty variable counts as unset (OTel's rule).
+    assert DetectorConfig.load(environ={BEARER_TOKEN_ENV: "tok"}).bearer_token == "tok"
+    assert DetectorConfig.load(environ={BEARER_TOKEN_ENV: ""}).bearer_token is None
+    # A value that does not parse raises, naming the key, the value, the type and the variable.
+    with pytest.raises(ConfigError, match=r"environment: warmup_windows='many' is invalid \(not an integer\); "
+                                          r"expected an integer \(from OTEL_EACGM_DETECTOR_WARMUP_WINDOWS\)"):
+        DetectorConfig.load(environ={"OTEL_EACGM_DETECTOR_WARMUP_WINDOWS": "many"})
+    # Variables of the prefix that name no setting belong to someone else.
+    assert DetectorConfig.load(environ={"OTEL_EACGM_DETECTOR_NOT_A_KEY": "1"}) == DetectorConfig()
+
+
+def test_sections_and_text_values_as_in_the_agent(tmp_path):
+    f = tmp_path / "d.yaml"
+    f.write_text("receiver:\n  listen: 0.0.0.0:4319\nmodel:\n  warmup_windows: '20'\n  export_insecure: 'off'\n")
+    cfg = DetectorConfig.load(f, environ={})
+    assert (cfg.listen, cfg.warmup_windows, cfg.export_insecure) == ("0.0.0.0:4319", 20, False)
+    f.write_text("window_s: 5\nmodel:\n  window_s: 6\n")
+    with pytest.raises(ConfigError, match="'window_s' is set twice"):
+        DetectorConfig.load(f, environ={})
+
+
+def test_a_bad_token_is_not_echoed():
+    with pytest.raises(ConfigError, match="bearer_token=<hidden> is invalid") as exc:
+        DetectorConfig.from_mapping({"bearer_token": ["s3cret"]})
+    assert "s3cret" not in str(exc.value)
+
+
+def test_every_setting_is_documented_where_declared():
+    from dataclasses import fields  # noqa: PLC0415
+
+    from otel_eacgm.environment_variables import detector_variables  # noqa: PLC0415
+
+    docs = field_docs(DetectorConfig)
+    assert [f.name for f in fields(DetectorConfig) if not docs.get(f.name)] == []
+    assert set(detector_variables()) == {f"OTEL_EACGM_DETECTOR_{f.name.upper()}" for f in fields(DetectorConfig)}
+    assert BEARER_TOKEN_ENV in detector_variables()

@@ -31,7 +31,7 @@ from pathlib import Path
 from agent_run import agent_cmd, summary
 from collector_build import REPO, collector_binary, jaeger_binary
 from loopback import free_port
-from otel_eacgm.otlp_store import Store, serve
+from eacgm_testkit.otlp_store import Store, serve
 
 SERVICE = "eacgm-e2e"
 #: The workload's plan: ~20 steps/s; the clean steps before the fault outlast the detector's

@@ -1,6 +1,6 @@
 """An OTLP gRPC receiver that counts spans instead of keeping them, for long and fast runs.
 
-otel_eacgm.otlp_store keeps every request, which a 10-minute run at tens of thousands of spans
+eacgm_testkit.otlp_store keeps every request, which a 10-minute run at tens of thousands of spans
 per second would turn into gigabytes. This sink keeps, per traced process, the span count and
 the newest span end; the agent's self-telemetry (scope ``otel-eacgm.agent``) as the latest value
 per metric, attributes and agent pid; and the detector's output (anomaly score points, log
@@ -20,7 +20,7 @@ from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
-from otel_eacgm.otlp_store import attrs, wait_until
+from eacgm_testkit.otlp_store import attrs, wait_until
 
 AGENT_SCOPE = "otel-eacgm.agent"
 DETECTOR_SCOPE = "eacgm_detector"

@@ -107,6 +107,18 @@ def test_detector_config_mapping(data) -> None:  # noqa: ANN001
 
 
 @FUZZ
+@given(st.dictionaries(st.sampled_from(DETECTOR_KEYS), st.text(max_size=20), min_size=1, max_size=4))
+def test_detector_config_environment(env) -> None:  # noqa: ANN001
+    environ = {f"OTEL_EACGM_DETECTOR_{k.upper()}": v for k, v in env.items() if "\0" not in v}
+    try:
+        cfg = DetectorConfig.load(None, environ=environ)
+    except ValueError as exc:
+        assert _names_a_key(str(exc), list(env)), str(exc)
+        return
+    _finite_and_typed(cfg)
+
+
+@FUZZ
 @given(st.text(max_size=200))
 def test_detector_config_arbitrary_text(tmp_path_factory, text) -> None:  # noqa: ANN001
     path = tmp_path_factory.mktemp("detector") / "d.yaml"
@@ -121,9 +133,9 @@ def test_detector_config_arbitrary_text(tmp_path_factory, text) -> None:  # noqa
     ("window_s: fast\n", "window_s"),
     ("grace_s: .inf\n", "grace_s"),
     ("listen: 4319\n", "listen"),
-    ("entity_attributes: host.name\n", "entity_attributes"),
+    ("entity_attributes: {host: name}\n", "entity_attributes"),
     ("window_s: [\n", "not valid YAML"),
-    ("7: 1\n", "unknown detector config key"),
+    ("7: 1\n", "unknown setting 7"),
 ])
 def test_detector_cli_refuses_a_bad_config_with_the_key_named(tmp_path: Path, text: str, named: str) -> None:
     bad = tmp_path / "d.yaml"
