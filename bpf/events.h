@@ -1,7 +1,8 @@
 /* Event records shared by the BPF programs (calls.bpf.c) and the agent (otel_eacgm/events.py).
- * The only header both sides read: structs and constants, nothing else. Every struct starts
- * with a type byte and has explicit padding so that its layout is the same for clang -target
- * bpf and for x86-64 ctypes; tests/test_events.py checks the sizes.
+ * The only header both sides read: structs and constants, nothing else. Every ring-buffer
+ * record starts with a type byte and every struct has explicit padding, so that its layout is
+ * the same for clang -target bpf and for x86-64 ctypes; tests/test_events_layout.py checks
+ * the sizes (the rules: bpf/README.md).
  */
 #ifndef EACGM_EVENTS_H
 #define EACGM_EVENTS_H

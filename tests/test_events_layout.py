@@ -1,8 +1,10 @@
-"""bpf/events.h and otel_eacgm/events.py must agree byte for byte."""
+"""bpf/events.h and otel_eacgm/events.py must agree byte for byte, and the BPF side's indexes
+(stats counters, tail-called programs) must be the ones the agent uses."""
 
 from __future__ import annotations
 
 import ctypes
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -10,8 +12,11 @@ from pathlib import Path
 import pytest
 
 from otel_eacgm import events
+from otel_eacgm.bpf_loader import Tail
 
-HEADER = Path(__file__).resolve().parent.parent / "bpf" / "events.h"
+BPF = Path(__file__).resolve().parent.parent / "bpf"
+HEADER = BPF / "events.h"
+RECORDS = BPF / "calls" / "records.bpf.h"  # enum eacgm_stat, enum eacgm_tail
 STRUCTS = {
     "call_event": events.CallEvent,
     "call_str_event": events.CallStrEvent,
@@ -64,6 +69,25 @@ def test_constants_match_header() -> None:
         assert f"#define {name} {value}" in text
     for member in events.EventType:
         assert f"EACGM_EVENT_{member.name} = {member.value}" in text
+
+
+def _enum(prefix: str) -> dict[str, int]:
+    found = {m.group(1): int(m.group(2)) for m in re.finditer(rf"\b{prefix}_(\w+) = (\d+)", RECORDS.read_text())}
+    assert found, f"no {prefix}_* enumerators in {RECORDS}: the pattern or the file is stale"
+    return found
+
+
+def test_stat_indexes_match_bpf() -> None:
+    bpf = _enum("STAT")
+    assert bpf.pop("COUNT") == len(events.Stat)
+    assert bpf == {m.name: m.value for m in events.Stat}
+
+
+def test_tail_indexes_match_bpf() -> None:
+    bpf = _enum("TAIL")
+    # the agent fills tails[] by these indexes and puts them in uprobe_multi cookies
+    assert {m.name: m.value for m in Tail}.items() <= bpf.items()
+    assert bpf.pop("COUNT") == max(bpf.values()) + 1
 
 
 def test_decode_rejects_unknown_and_short_records() -> None:

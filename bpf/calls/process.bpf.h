@@ -1,0 +1,81 @@
+/* Which processes are traced, and what their lifecycle tells the agent: a thread that exits
+ * with calls open, a process that executes another program, a child of a traced process. */
+#ifndef EACGM_CALLS_PROCESS_BPF_H
+#define EACGM_CALLS_PROCESS_BPF_H
+
+static __always_inline int traced(__u32 tgid)
+{
+	if (tgid == EACGM_AGENT_PID)
+		return 0;
+#ifdef EACGM_FILTER_PIDS
+	return targets_lookup(&tgid) != NULL;
+#else
+	return 1;
+#endif
+}
+
+/* Calls still open when their thread exits (the process was killed mid-call) must not vanish:
+ * tell the agent how many frames the thread left in `inflight`; it reads them, reports them
+ * as incomplete calls and frees them. */
+static __always_inline int thread_exited(void)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
+	__u32 *dp = depths_lookup(&tid);
+	if (dp) {
+		struct thread_exit_event *ev = events_reserve(sizeof(*ev));
+		if (ev) {
+			ev->type = EACGM_EVENT_THREAD_EXIT;
+			ev->pid = tgid;
+			ev->tid = tid;
+			ev->depth = *dp;
+			ev->exit_ns = bpf_ktime_get_ns();
+			events_submit(ev);
+		} else {
+			count(STAT_RINGBUF_DROPS);
+		}
+		depths_delete(&tid);
+	}
+#ifdef EACGM_FILTER_PIDS
+	if (tgid == tid)
+		targets_delete(&tgid);
+#endif
+	return 0;
+}
+
+/* A process that executes another program keeps its pid but is then that program (a launched
+ * command's waiter becoming the command, a wrapper script exec'ing python): the agent reads
+ * its resource again. The tracepoint fires once the new image is set up, so /proc/PID shows
+ * the new executable and environment. A lost event costs a stale name, not a call: it is not
+ * counted as a ring-buffer drop. */
+static __always_inline int program_executed(void)
+{
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+#ifdef EACGM_FILTER_PIDS
+	if (!targets_lookup(&tgid))
+		return 0;
+#endif
+	struct exec_event *ev = events_reserve(sizeof(*ev));
+	if (ev) {
+		ev->type = EACGM_EVENT_EXEC;
+		ev->pad0[0] = ev->pad0[1] = ev->pad0[2] = 0;
+		ev->pid = tgid;
+		events_submit(ev);
+	}
+	return 0;
+}
+
+/* EACGM_FOLLOW_FORKS: a child of a traced process is traced from its first instruction.
+ * child_pid points into the tracepoint's record (read only on the path that needs it). */
+static __always_inline int forked(const int *child_pid)
+{
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	if (targets_lookup(&tgid)) {
+		__u32 child = *child_pid;
+		__u8 one = 1;
+		targets_update(&child, &one);
+	}
+	return 0;
+}
+
+#endif
