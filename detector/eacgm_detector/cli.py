@@ -9,6 +9,7 @@ model's threshold, ``confirm_windows`` consecutive windows or one far below it).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import logging
 import os
@@ -16,6 +17,7 @@ import signal
 import sys
 import threading
 
+from eacgm_detector.atomic import atomic_write
 from eacgm_detector.config import DetectorConfig
 from eacgm_detector.online import fit_rows, fit_table, table_features
 from eacgm_detector.persist import SavedModel, load_model, save_model
@@ -27,8 +29,8 @@ log = logging.getLogger("eacgm_detector")
 
 
 # Settings a subcommand may take as a flag (argparse dest = setting name); absent ones are None.
-_FLAG_KEYS = ("listen", "export_endpoint", "model_path", "covariance_type", "max_components", "window_s",
-              "threshold_method", "threshold_risk", "confirm_windows")
+_FLAG_KEYS = ("listen", "insecure_listen", "export_endpoint", "model_path", "covariance_type", "max_components",
+              "window_s", "threshold_method", "threshold_risk", "confirm_windows")
 
 
 def _config(args) -> DetectorConfig:
@@ -42,6 +44,8 @@ def _config(args) -> DetectorConfig:
 
 
 def _serve(args) -> int:
+    import time
+
     from eacgm_detector.exporter import OtlpExporter
     from eacgm_detector.pipeline import Detector
     from eacgm_detector.service import DetectorService
@@ -52,7 +56,7 @@ def _serve(args) -> int:
         cfg = _model_window(cfg, model)
     exporter = (OtlpExporter(cfg.export_endpoint, insecure=cfg.export_insecure, ca_file=cfg.export_ca_file)
                 if cfg.export_endpoint else None)
-    svc = DetectorService(cfg, Detector(cfg, model), exporter).start()
+    svc = DetectorService(cfg, Detector(cfg, model, clock=time.monotonic), exporter).start()
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -61,16 +65,32 @@ def _serve(args) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _naming(path: str):
+    """Data errors raised within (scikit-learn's among them) name the input file ``path``."""
+    try:
+        yield
+    except ValueError as exc:
+        if str(exc).startswith(path):
+            raise
+        raise ValueError(f"{path}: {exc}") from exc
+
+
 def _fit(args) -> int:
     cfg = _config(args)
     if args.input.endswith((".jsonl", ".json")):
         rows = windows_from_otlp(args.input, cfg)
         if len(rows) < 10:
             raise ValueError(f"{args.input}: {len(rows)} windows, need >= 10 to fit")
-        model = fit_rows(cfg, rows)
+        with _naming(args.input):
+            model = fit_rows(cfg, rows, source=args.input)
     else:
         names, X, _ = read_csv(args.input)
-        model = fit_table(cfg, names, X)
+        if len(X) < 2:
+            count = "no data rows" if len(X) == 0 else "1 data row"
+            raise ValueError(f"{args.input}: {count}, need at least 2 windows to fit")
+        with _naming(args.input):
+            model = fit_table(cfg, names, X, source=args.input)
     save_model(args.output, model)
     det = model.detector
     print(f"fitted {det.n_components_} components ({det.covariance_type}) on {len(model.feature_names)} "
@@ -97,11 +117,12 @@ def _score(args) -> int:
         raise ValueError(f"{args.input}: none of the model's {len(missing)} features are columns")
     if missing:
         log.warning("%s lacks %d model features (imputed): %s", args.input, len(missing), missing[:5])
-    scores = model.detector.score_samples(Xm)
+    with _naming(args.input):
+        scores = model.detector.score_samples(Xm) if len(Xm) else []
     # Rows are consecutive windows of one entity: flagged as `serve` would report them.
     confirm = _config(args).confirm_windows
     flags = model.detector.anomalies(scores, confirm).astype(int)
-    with open(args.output, "w", newline="") as fh:
+    with atomic_write(args.output, "w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow((["timestamp"] if stamps is not None else []) + ["score", "anomaly"])
         for i, (s, f) in enumerate(zip(scores, flags)):
@@ -114,8 +135,9 @@ def _score_otlp(args, model: SavedModel) -> int:
     """One row per window of a recording: window start (``timestamp``, ns), end, entity,
     score, flag and the top contributing features of flagged windows."""
     cfg = _model_window(_config(args), model)
-    results = score_otlp(args.input, cfg, model)
-    with open(args.output, "w", newline="") as fh:
+    with _naming(args.input):
+        results = score_otlp(args.input, cfg, model)
+    with atomic_write(args.output, "w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["timestamp", "window_end", "entity", "score", "anomaly", "top_features"])
         for r in results:
@@ -136,6 +158,8 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the OTLP gRPC receiver and score windows")
     serve.add_argument("--listen", help="host:port to bind (default 127.0.0.1:4319)")
+    serve.add_argument("--insecure-listen", dest="insecure_listen", action="store_true", default=None,
+                       help="allow a non-loopback --listen in plaintext without a bearer token (warns)")
     serve.add_argument("--export-endpoint", dest="export_endpoint",
                        help="OTLP gRPC host:port for anomaly output (default $OTEL_EXPORTER_OTLP_ENDPOINT)")
     serve.add_argument("--model", dest="model_path", help="model file from `fit`, instead of warm-up")

@@ -10,6 +10,7 @@ directly: a string where a number belongs must be an error that names the key, n
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -19,7 +20,7 @@ from eacgm_detector.model import COVARIANCE_TYPES, THRESHOLD_METHODS
 from otel_eacgm import environment_variables as env_vars
 from otel_eacgm.settings import SECRET, ConfigError, Settings
 
-__all__ = ["BEARER_TOKEN_ENV", "ConfigError", "DetectorConfig"]
+__all__ = ["BEARER_TOKEN_ENV", "ConfigError", "DetectorConfig", "loopback"]
 
 BEARER_TOKEN_ENV = env_vars.OTEL_EACGM_DETECTOR_BEARER_TOKEN
 """Environment variable that sets ``bearer_token`` (kept out of config files and command lines)."""
@@ -32,7 +33,12 @@ class DetectorConfig(Settings):
     ENV_PREFIX: ClassVar[str] = env_vars.OTEL_EACGM_DETECTOR_PREFIX
 
     listen: str = "127.0.0.1:4319"
-    """host:port the OTLP gRPC receiver binds; localhost unless set otherwise."""
+    """host:port the OTLP gRPC receiver binds, exclusively (a second detector on it fails to
+    start); localhost unless set otherwise. Off loopback it needs TLS or bearer_token, or
+    insecure_listen."""
+    insecure_listen: bool = False
+    """Let ``serve`` bind a non-loopback listen address in plaintext without bearer_token
+    (anyone who reaches the port can feed it); it warns. Without it such a bind is refused."""
     tls_cert_file: str | None = None
     """PEM server certificate; with tls_key_file (both or neither: TLS off)."""
     tls_key_file: str | None = None
@@ -50,10 +56,25 @@ class DetectorConfig(Settings):
     reexport_spans: bool = True
     """Re-export received spans, annotated with eacgm.anomaly[.score], to export_endpoint."""
     max_request_bytes: int = 4 * 1024 * 1024
-    """Requests larger than this get RESOURCE_EXHAUSTED."""
+    """Requests larger than this get RESOURCE_EXHAUSTED; gRPC itself refuses messages over
+    twice this (compressed ones by their decompressed size) before reading them whole."""
     queue_size: int = 64
     """Decoded requests waiting for the scoring thread; beyond it callers get UNAVAILABLE
     (OTLP's retryable back-pressure signal) instead of memory growing."""
+    max_queued_bytes: int = 32 * 1024 * 1024
+    """Estimated memory of the decoded requests waiting for the scoring thread (512 bytes a
+    span or point, plus the spans kept for re-export); a request that would pass it gets
+    RESOURCE_EXHAUSTED with a 1 s RetryInfo (OTLP's throttling answer, which exporters retry),
+    counted in ``<signal>.refused_memory``. One request is always let in when none waits.
+
+    Memory bound: what ``serve`` holds of received data is about max_queued_bytes +
+    max_window_bytes, plus the requests being read (4 at a time, each at most 2 x
+    max_request_bytes) and the one being decoded (up to ~15x its size for small spans), plus
+    what the allocator keeps: 400 MB above its idle RSS with the defaults. Measured: a client
+    keeping 8 requests of 3 MB in flight for 20 s (spans of 24 entities, counter points of a
+    new series each) took serve from 152 MB to at most 409 MB RSS in four runs
+    (tests/reliability/test_detector_memory.py); without these bounds it passed 950 MB within
+    seconds and kept growing (3.1 GB with spans of one entity)."""
     window_s: float = 10.0
     """Window length, seconds (at most 86400)."""
     grace_s: float = 5.0
@@ -68,7 +89,24 @@ class DetectorConfig(Settings):
     history_windows: int = 1000
     """Unflagged windows kept per entity as training data."""
     max_entities: int = 1024
-    """Entities tracked; data of others is dropped and counted."""
+    """Entities tracked. A new one takes the place of the least recently seen entity if that
+    one sent nothing for window_s + grace_s (it is evicted as after entity_idle_s); else its
+    data is dropped, counted in ``<kind>.dropped_entities`` and logged once a minute."""
+    entity_idle_s: float = 600.0
+    """An entity that sent nothing for this long (seconds) is evicted: its open windows are
+    scored and reported, its model is dropped (``entities.evicted``); if it comes back, it
+    starts over as a new entity. Processes exit, and their process id makes every restart a
+    new entity."""
+    max_entity_window_bytes: int = 32 * 1024 * 1024
+    """Estimated memory of one entity's open windows and counter series. Beyond it all its
+    open windows are closed and scored early and its counter series start over from a new
+    baseline (``windows.shed_memory``, ``entities.shed_memory``, a warning once a minute). An
+    entity using every function and metric slot to the full, with max_span_refs spans kept,
+    takes at most about 25 MiB in 2 open windows (the usual number, grace_s < window_s); a
+    typical one a few MiB."""
+    max_window_bytes: int = 256 * 1024 * 1024
+    """Estimated memory of the open windows of all entities together; beyond it the largest
+    entities' windows are closed early as beyond max_entity_window_bytes."""
     max_functions: int = 32
     """Functions per layer with features of their own; the rest share an ``other`` bucket."""
     max_metrics: int = 64
@@ -105,8 +143,9 @@ class DetectorConfig(Settings):
     def validate(self) -> DetectorConfig:
         """Raise ConfigError naming the first invalid key; return self."""
         super().validate()
-        positive = ("max_request_bytes", "queue_size", "window_s", "warmup_windows", "refit_every",
-                    "history_windows", "max_entities", "max_functions", "max_metrics",
+        positive = ("max_request_bytes", "queue_size", "max_queued_bytes", "window_s", "warmup_windows",
+                    "refit_every", "history_windows", "max_entities", "entity_idle_s",
+                    "max_entity_window_bytes", "max_window_bytes", "max_functions", "max_metrics",
                     "max_span_refs", "top_features", "max_components", "reg_covar", "confirm_windows")
         for key in positive:
             if not getattr(self, key) > 0:
@@ -139,3 +178,27 @@ class DetectorConfig(Settings):
         if self.bearer_token is not None and (not self.bearer_token.strip() or not self.bearer_token.isprintable()):
             raise ConfigError("bearer_token: must be non-empty printable text (it travels in a gRPC header)")
         return self
+
+    def check_listen(self) -> bool:
+        """Raise ConfigError when ``listen`` is reachable from other hosts in plaintext without
+        bearer_token, unless insecure_listen says so; return whether it is (``serve`` warns)."""
+        if loopback(self.listen) or self.tls_cert_file or self.bearer_token:
+            return False
+        if not self.insecure_listen:
+            raise ConfigError(
+                f"listen: {self.listen!r} is not a loopback address and has neither TLS (tls_cert_file, "
+                "tls_key_file) nor bearer_token: anyone who reaches it could feed the detector; set them, "
+                "or set insecure_listen: true (--insecure-listen) to serve it in plaintext anyway")
+        return True
+
+
+def loopback(listen: str) -> bool:
+    """Whether the host of ``listen`` (host:port) is a loopback name or address."""
+    host = listen.rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False  # a host name: whatever it resolves to, it is no promise of loopback
+    return ip.is_loopback or (ip.version == 6 and ip.ipv4_mapped is not None and ip.ipv4_mapped.is_loopback)

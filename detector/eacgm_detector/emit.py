@@ -118,20 +118,20 @@ def spans_request(results: list[WindowResult]) -> ExportTraceServiceRequest | No
     """The received spans of ``results``, with ``eacgm.anomaly`` / ``eacgm.anomaly.score``
     added to spans of scored windows (warm-up windows pass through unannotated)."""
     req = ExportTraceServiceRequest()
-    groups: dict[int, object] = {}
-    scopes: dict[tuple[int, int], object] = {}
+    groups: dict[tuple[bytes, str], object] = {}
+    scopes: dict[tuple[bytes, str, bytes, str], object] = {}
     for res in results:
         extra = [] if res.score is None else [kv(ATTR_FLAG, res.anomalous), kv(ATTR_SCORE, res.score)]
-        for resource, rs_url, scope, ss_url, span in res.span_refs:
-            rs = groups.get(id(resource))
+        for resource, rs_url, scope, ss_url, span in res.span_refs:  # serialized (records.SpanRecord)
+            rs = groups.get((resource, rs_url))
             if rs is None:
-                rs = groups[id(resource)] = req.resource_spans.add(schema_url=rs_url)
-                rs.resource.CopyFrom(resource)
-            ss = scopes.get((id(resource), id(scope)))
+                rs = groups[(resource, rs_url)] = req.resource_spans.add(schema_url=rs_url)
+                rs.resource.MergeFromString(resource)
+            ss = scopes.get((resource, rs_url, scope, ss_url))
             if ss is None:
-                ss = scopes[(id(resource), id(scope))] = rs.scope_spans.add(schema_url=ss_url)
-                ss.scope.CopyFrom(scope)
+                ss = scopes[(resource, rs_url, scope, ss_url)] = rs.scope_spans.add(schema_url=ss_url)
+                ss.scope.MergeFromString(scope)
             out = ss.spans.add()
-            out.CopyFrom(span)
+            out.MergeFromString(span)
             out.attributes.extend(extra)
     return req if req.resource_spans else None

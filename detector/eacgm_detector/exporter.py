@@ -1,8 +1,9 @@
 """Sends the detector's OTLP output on a background thread with a bounded queue.
 
-Scoring never waits on the network: requests queue up to ``queue_size`` and the oldest
-pending one is dropped (and counted) beyond it. ``flush`` waits until the queue is empty,
-which ``shutdown`` calls so the last windows' events are not lost.
+Scoring never waits on the network: requests queue up to ``queue_size`` requests and
+``max_bytes`` bytes, and the oldest pending ones are dropped (and counted) beyond either.
+``flush`` waits until the queue is empty, which ``shutdown`` calls so the last windows' events
+are not lost.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ class OtlpExporter:
     """OTLP gRPC client for logs, metrics and traces."""
 
     def __init__(self, endpoint: str, *, insecure: bool = True, ca_file: str | None = None,
-                 queue_size: int = 256, timeout_s: float = 10.0) -> None:
+                 queue_size: int = 256, max_bytes: int = 64 << 20, timeout_s: float = 10.0) -> None:
         if insecure:
             self._channel = grpc.insecure_channel(endpoint)
         else:
@@ -39,6 +40,9 @@ class OtlpExporter:
         self.timeout_s = timeout_s
         self.counters: Counter[str] = Counter()
         self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
+        self.max_bytes = max_bytes
+        self.queued_bytes = 0
+        self._bytes_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="eacgm-detector-export", daemon=True)
         self._thread.start()
 
@@ -46,37 +50,49 @@ class OtlpExporter:
         """Queue ``request`` for the ``signal`` ("logs", "metrics", "traces") service."""
         if request is None:
             return
+        size = request.ByteSize()
         while True:
+            with self._bytes_lock:
+                fits = not self.queued_bytes or self.queued_bytes + size <= self.max_bytes
+                if fits:
+                    try:
+                        self._queue.put_nowait((signal, request, size))
+                        self.queued_bytes += size
+                        return
+                    except queue.Full:
+                        pass
             try:
-                self._queue.put_nowait((signal, request))
-                return
-            except queue.Full:
-                try:
-                    self._queue.get_nowait()
-                    self._queue.task_done()
-                    if not self.counters["dropped"]:
-                        # Once, not per request: the count is in counters["dropped"].
-                        log.warning("OTLP output to %s falls behind: queue of %d full, dropping "
-                                    "the oldest requests", self.endpoint, self._queue.maxsize)
-                    self.counters["dropped"] += 1
-                except queue.Empty:
-                    pass
+                _, _, dropped = self._queue.get_nowait()
+                self._sent(dropped)
+                if not self.counters["dropped"]:
+                    # Once, not per request: the count is in counters["dropped"].
+                    log.warning("OTLP output to %s falls behind: queue of %d requests or %d bytes full, "
+                                "dropping the oldest requests", self.endpoint, self._queue.maxsize, self.max_bytes)
+                self.counters["dropped"] += 1
+            except queue.Empty:
+                pass
+
+    def _sent(self, size: int) -> None:
+        with self._bytes_lock:
+            self.queued_bytes -= size
+        self._queue.task_done()
 
     def _run(self) -> None:
         while True:
             item = self._queue.get()
-            try:
-                if item is None:
-                    return
-                signal, req = item
-                try:
-                    self._send[signal](req, timeout=self.timeout_s, wait_for_ready=True)
-                    self.counters[f"{signal}.sent"] += 1
-                except grpc.RpcError as exc:
-                    self.counters[f"{signal}.failed"] += 1
-                    log.warning("OTLP %s export to %s failed: %s", signal, self.endpoint, exc.code())
-            finally:
+            if item is None:
                 self._queue.task_done()
+                return
+            signal, req, size = item
+            try:
+                self._send[signal](req, timeout=self.timeout_s, wait_for_ready=True)
+                self.counters[f"{signal}.sent"] += 1
+            except grpc.RpcError as exc:
+                self.counters[f"{signal}.failed"] += 1
+                log.warning("OTLP %s export to %s failed: %s", signal, self.endpoint, exc.code())
+            finally:
+                del item, req
+                self._sent(size)
 
     def flush(self) -> None:
         """Block until every queued request was sent or failed."""

@@ -98,8 +98,8 @@ def window_features(win: Window) -> dict[str, float]:
         if not ms.has_data():
             continue
         if ms.kind == "gauge":
-            out[f"metric.{name}.mean"] = float(np.mean(ms.values))
-            out[f"metric.{name}.max"] = float(np.max(ms.values))
+            out[f"metric.{name}.mean"] = ms.mean()
+            out[f"metric.{name}.max"] = ms.max()
         else:
             out[f"metric.{name}.rate"] = ms.rate(seconds)
     for name, ms in win.metrics.items():  # a histogram's mean over this window

@@ -44,6 +44,12 @@ _CONSTANT_STD = 1e-12
 #: runs of 2026-12-04 was 0.6 %), while the steadiest latencies vary by about that much
 #: within a run (synchronize p95: 0.9 %), so a coarser resolution would blunt them.
 RELATIVE_RESOLUTION = 1e-2
+#: Largest magnitude of a feature value that ``fit`` and ``score`` take from a file. The
+#: training statistics square deviations and sum them over the windows: beyond about
+#: 1e154 / sqrt(n_windows) a standard deviation overflows float64, and the model would hold
+#: infinities that its own file format refuses. 1e100 leaves room for any number of windows
+#: and is far beyond any real feature (an exabyte is 1e18 bytes, a log duration is below 100).
+MAX_ABS_VALUE = 1e100
 
 
 class GMMDetector(OutlierMixin, BaseEstimator):
@@ -237,11 +243,20 @@ class GMMDetector(OutlierMixin, BaseEstimator):
             warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns
             fill = np.nanmedian(X, axis=0)
         self.fill_ = np.where(np.isfinite(fill), fill, 0.0)
-        # The plain features' means first: a missing deviation is imputed from them.
-        self.center_ = np.where(np.isnan(X), self.fill_, X).mean(axis=0)
-        X = self._impute(X)
-        self.center_ = X.mean(axis=0)
-        self.scale_ = self._scales(X)
+        with np.errstate(over="ignore", invalid="ignore"):  # overflow is checked just below
+            # The plain features' means first: a missing deviation is imputed from them.
+            self.center_ = np.where(np.isnan(X), self.fill_, X).mean(axis=0)
+            X = self._impute(X)
+            self.center_ = X.mean(axis=0)
+            self.scale_ = self._scales(X)
+        bad = ~(np.isfinite(self.center_) & np.isfinite(self.scale_))
+        if bad.any():
+            j = int(np.argmax(bad))
+            raise ValueError(
+                f"feature {j}: values up to {np.nanmax(np.abs(X[:, j])):.3g} in magnitude overflow "
+                f"float64 statistics (mean {self.center_[j]:.3g}, scale {self.scale_[j]:.3g}); "
+                f"expected values within +-{MAX_ABS_VALUE:g}"
+            )
         Z = (X - self.center_) / self.scale_
 
         n = Z.shape[0]

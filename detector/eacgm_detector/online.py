@@ -64,19 +64,46 @@ def model_from_config(cfg: DetectorConfig, names: list[str] | None = None) -> GM
                        logarithmic=None if names is None else [is_logarithmic(n) for n in names])
 
 
-def fit_rows(cfg: DetectorConfig, rows: list[dict[str, float]]) -> SavedModel:
+def learnable(names: list[str], X: np.ndarray, source: str | None = None) -> tuple[list[str], np.ndarray]:
+    """The features (columns of ``X``) that have a value in at least one window, with a
+    warning naming the others; ``ValueError`` when none has.
+
+    A feature missing from every training window (a column left empty, a deviation over more
+    windows than the table has) teaches the model nothing: it would be imputed as one constant,
+    and every later window that has a value would lie infinitely far from it. Such features are
+    left out of the model, so scoring ignores them too. A constant feature is kept: a change of
+    it is news the model can weigh (``GMMDetector`` bounds its unit, see ``_scales``).
+    ``source`` (a file name) starts the messages.
+    """
+    where = f"{source}: " if source else ""
+    empty = np.isnan(X).all(axis=0)
+    if empty.all():
+        raise ValueError(f"{where}no feature has a value in any of the {len(X)} windows (all missing "
+                         f"or NaN): nothing to learn from")
+    if empty.any():
+        dropped = [n for n, e in zip(names, empty) if e]
+        more = f" and {len(dropped) - 10} more" if len(dropped) > 10 else ""
+        log.warning("%s%d features have no value in any window and are left out of the model (nothing "
+                    "to learn from; scoring ignores them): %s%s",
+                    where, len(dropped), ", ".join(dropped[:10]), more)
+    return [n for n, e in zip(names, empty) if not e], X[:, ~empty]
+
+
+def fit_rows(cfg: DetectorConfig, rows: list[dict[str, float]], source: str | None = None) -> SavedModel:
     """Fit a model on feature dicts (one per window, in time order), which already carry
     their context features (:class:`~eacgm_detector.context.ContextTracker` with
-    ``cfg.context_windows``)."""
+    ``cfg.context_windows``); features without any value are left out (:func:`learnable`)."""
     names = feature_names(rows)
-    return SavedModel(model_from_config(cfg, names).fit(vectorize(rows, names)), names, cfg.window_s,
-                      tuple(cfg.context_windows))
+    names, X = learnable(names, vectorize(rows, names), source)
+    return SavedModel(model_from_config(cfg, names).fit(X), names, cfg.window_s, tuple(cfg.context_windows))
 
 
-def fit_table(cfg: DetectorConfig, names: list[str], X: np.ndarray) -> SavedModel:
+def fit_table(cfg: DetectorConfig, names: list[str], X: np.ndarray, source: str | None = None) -> SavedModel:
     """Fit a model on a table of one entity's windows in time order (rows) by feature
-    (``names``), its context features derived here; ``window_s`` is not recorded."""
+    (``names``), its context features derived here; ``window_s`` is not recorded. Features
+    without any value are left out (:func:`learnable`)."""
     Xc, names_c = add_context(X, names, cfg.context_windows)
+    names_c, Xc = learnable(names_c, Xc, source)
     return SavedModel(model_from_config(cfg, names_c).fit(Xc), names_c, None, tuple(cfg.context_windows))
 
 
@@ -118,6 +145,7 @@ class EntityDetector:
         self.fits = 0
         self._below = 0          # consecutive windows below the threshold, up to the last one scored
         self._last_end: int | None = None
+        self.last_seen = 0.0     # when data of it last came, on the Detector's clock
 
     def _fit(self) -> None:
         self.model = fit_rows(self.cfg, list(self.history))

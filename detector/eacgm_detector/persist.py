@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 from sklearn.mixture import GaussianMixture
 
+from eacgm_detector.atomic import atomic_write
 from eacgm_detector.context import base_name, check_windows
 from eacgm_detector.model import GMMDetector
 
@@ -55,7 +56,8 @@ class SavedModel:
 
 
 def save_model(path: str | Path, model: SavedModel) -> None:
-    """Write ``model`` to ``path`` (``.npz``)."""
+    """Write ``model`` to ``path`` (``.npz``), atomically: on any failure a model that was at
+    ``path`` stays as it was (:func:`~eacgm_detector.atomic.atomic_write`)."""
     det = model.detector
     if len(model.feature_names) != det.n_features_in_:
         raise ValueError(
@@ -77,7 +79,8 @@ def save_model(path: str | Path, model: SavedModel) -> None:
     meta["params"]["random_state"] = _plain_seed(meta["params"]["random_state"])
     arrays = {name: getattr(det, name) for name in _ARRAYS}
     arrays.update({f"mixture.{n}": getattr(det.mixture_, n) for n in _MIXTURE_ARRAYS})
-    with open(path, "wb") as fh:
+    # Beside the target, then renamed over it: a full disk or a kill leaves the old model.
+    with atomic_write(path) as fh:
         np.savez(fh, meta=np.array(json.dumps(meta)), **arrays)
 
 

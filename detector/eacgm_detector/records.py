@@ -64,7 +64,9 @@ def entity_label(entity: Entity) -> str:
 
 @dataclass(slots=True)
 class SpanRecord:
-    """One span as the features see it; ``ref`` points back to the proto for re-export."""
+    """One span as the features see it; ``ref`` is what re-exporting it takes: (resource,
+    resource schema URL, scope, scope schema URL, span), the messages serialized, so that a
+    kept span holds its own bytes and not the whole request it came in."""
 
     entity: Entity
     time_ns: int
@@ -101,14 +103,17 @@ class MetricPoint:
 
 
 def spans_from_request(
-    req: ExportTraceServiceRequest, keys: tuple[str, ...]
+    req: ExportTraceServiceRequest, keys: tuple[str, ...], *, keep_spans: bool = True
 ) -> tuple[list[SpanRecord], int]:
-    """Decode spans; return the records and how many spans were rejected."""
+    """Decode spans; return the records and how many spans were rejected. ``keep_spans=False``
+    leaves ``ref`` None (nothing will re-export them)."""
     out: list[SpanRecord] = []
     rejected = 0
     for rs in req.resource_spans:
         entity = entity_of(attributes(rs.resource.attributes), keys)
+        resource = rs.resource.SerializeToString() if keep_spans else None
         for ss in rs.scope_spans:
+            scope = ss.scope.SerializeToString() if keep_spans else None
             for span in ss.spans:
                 if (span.start_time_unix_nano == 0 or span.end_time_unix_nano < span.start_time_unix_nano
                         or span.end_time_unix_nano > MAX_TIME_NS
@@ -127,7 +132,8 @@ def spans_from_request(
                     nccl_bytes=_byte_count(nb),
                     trace_id=span.trace_id,
                     span_id=span.span_id,
-                    ref=(rs.resource, rs.schema_url, ss.scope, ss.schema_url, span),
+                    ref=((resource, rs.schema_url, scope, ss.schema_url, span.SerializeToString())
+                         if keep_spans else None),
                 ))
     return out, rejected
 

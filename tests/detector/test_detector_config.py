@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,23 @@ def test_docs_example_config_loads():
     block = text.split("```yaml\n", 1)[1].split("```", 1)[0]
     cfg = DetectorConfig.from_mapping(yaml.safe_load(block))
     assert cfg.warmup_windows == 90 and cfg.listen == "0.0.0.0:4319"
+    assert cfg.check_listen() is False  # off loopback with TLS: `serve` takes it without insecure_listen
+
+
+@pytest.mark.parametrize("listen,extra,exposed", [
+    ("127.0.0.1:4319", {}, False), ("localhost:4319", {}, False), ("[::1]:4319", {}, False),
+    ("0.0.0.0:4319", {"bearer_token": "t"}, False), ("0.0.0.0:4319", {"insecure_listen": True}, True),
+    ("[::]:4319", {"insecure_listen": True}, True), ("node7:4319", {"insecure_listen": True}, True),
+])
+def test_check_listen(listen, extra, exposed):
+    assert DetectorConfig(listen=listen, **extra).validate().check_listen() is exposed
+
+
+@pytest.mark.parametrize("listen", ["0.0.0.0:4319", "[::]:4319", "10.0.0.7:4319", "node7:4319"])
+def test_a_plaintext_unauthenticated_listen_off_loopback_names_the_way_out(listen):
+    with pytest.raises(ConfigError, match=rf"listen: '{re.escape(listen)}' is not a loopback address .* "
+                                          r"set insecure_listen: true \(--insecure-listen\)"):
+        DetectorConfig(listen=listen).validate().check_listen()
 
 
 def test_precedence_flag_over_env_over_file(tmp_path):

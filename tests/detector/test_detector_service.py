@@ -264,3 +264,48 @@ def test_shutdown_flushes_open_windows_and_their_anomaly(receiver):
               for rl in req.resource_logs for sl in rl.scope_logs for lr in sl.log_records]
     assert starts == [T0 + last * SEC]
     assert svc.exporter.counters["logs.sent"] == 1
+
+
+def test_queued_bytes_beyond_the_budget_are_refused_with_a_retry_delay():
+    from google.rpc import error_details_pb2, status_pb2
+
+    cfg = config(max_queued_bytes=1000)
+    det = BlockedDetector(cfg)
+    svc = DetectorService(cfg, det).start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{svc.port}") as ch:
+            stub = TraceServiceStub(ch)
+            first = stub.Export.future(bad_span_request(0, 4), timeout=5)  # let in: nothing waits
+            first.result()
+            with pytest.raises(grpc.RpcError) as err:
+                stub.Export(bad_span_request(0, 1), timeout=5)
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "max_queued_bytes=1000" in err.value.details()
+            # OTLP's throttling answer: exporters retry RESOURCE_EXHAUSTED only with RetryInfo.
+            raw = dict(err.value.trailing_metadata())["grpc-status-details-bin"]
+            status = status_pb2.Status.FromString(raw)
+            info = error_details_pb2.RetryInfo()
+            assert status.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0] and status.details[0].Unpack(info)
+            assert info.retry_delay.seconds == 1
+            det.release.set()
+            svc.wait_idle()
+            assert svc.queued_bytes == 0
+            stub.Export(bad_span_request(0, 1), timeout=5)  # room again
+    finally:
+        det.release.set()
+        svc.stop()
+    assert det.counters["traces.refused_memory"] == 1 and det.counters["spans.accepted"] == 5
+
+
+def test_grpc_refuses_requests_over_twice_max_request_bytes_even_compressed():
+    svc = DetectorService(config(max_request_bytes=20_000)).start()
+    try:
+        # 64 KB of spans that gzip to a few KB: the limit holds for what they decompress to.
+        with grpc.insecure_channel(f"127.0.0.1:{svc.port}", compression=grpc.Compression.Gzip) as ch:
+            with pytest.raises(grpc.RpcError) as err:
+                TraceServiceStub(ch).Export(bad_span_request(0, 1000), timeout=5)
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert TraceServiceStub(ch).Export(bad_span_request(0, 10), timeout=5) is not None
+    finally:
+        svc.stop()
+    assert svc.detector.counters["spans.accepted"] == 10

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import ast
 import ipaddress
 import os
 import random
@@ -22,7 +23,7 @@ from collector_proc import CollectorProcess
 from detector_proc import DETECTOR, DetectorProcess
 from eacgm_detector.config import BEARER_TOKEN_ENV, DetectorConfig
 from eacgm_detector.service import DetectorService
-from loopback import wait_port
+from loopback import free_port, wait_port
 
 TOKEN = "s3cret-token-for-tests"
 DEFAULT_PORT = 4319
@@ -173,3 +174,64 @@ def test_the_real_collector_authenticates_with_a_header(tmp_path: Path, certific
     finally:
         collector.stop()
         det.stop()
+
+
+def _exit_of(cmd: list[str], env: dict[str, str] | None = None, timeout_s: float = 30) -> tuple[int, str]:
+    """Exit status and stderr of `cmd`, expected to exit by itself; fails the test if it keeps running."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})})
+    try:
+        _, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        proc.communicate(timeout=30)
+        pytest.fail(f"{' '.join(cmd[1:])}: still running after {timeout_s} s, expected a refusal")
+    return proc.returncode, err
+
+
+def _counters(log: str) -> dict[str, int]:
+    """The counters of the detector's last "detector stopped: {...}" line."""
+    line = [x for x in log.splitlines() if "detector stopped: " in x][-1]
+    return ast.literal_eval(line.split("detector stopped: ", 1)[1])
+
+
+def test_a_plaintext_unauthenticated_bind_off_loopback_is_refused_unless_asked_for(tmp_path: Path) -> None:
+    listen = f"0.0.0.0:{free_port()}"
+    code, err = _exit_of([*DETECTOR, "--listen", listen])
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, err
+    assert listen in lines[0] and "insecure_listen" in lines[0] and "--insecure-listen" in lines[0], err
+    assert "Traceback" not in err
+    # A bearer token (or TLS) is protection enough to start; the token's clear-text warning stays.
+    det = DetectorProcess(tmp_path, env={BEARER_TOKEN_ENV: TOKEN})
+    det.start("--listen", f"0.0.0.0:{det.port}")
+    assert det.stop() == 0
+    assert "no authentication" not in det.log() and "insecure_listen" not in det.log()
+    # Asked for by the flag or the setting's variable: it starts, and says so at WARNING.
+    for args, env in ((["--insecure-listen"], {}), ([], {"OTEL_EACGM_DETECTOR_INSECURE_LISTEN": "true"})):
+        det = DetectorProcess(tmp_path, env=env)
+        det.start("--listen", f"0.0.0.0:{det.port}", *args)
+        try:
+            with grpc.insecure_channel(det.address) as ch:
+                assert _export(ch) is grpc.StatusCode.OK
+        finally:
+            assert det.stop() == 0
+        warning = [x for x in det.log().splitlines() if " WARNING " in x and "insecure_listen" in x]
+        assert len(warning) == 1 and f"0.0.0.0:{det.port}" in warning[0], det.log()
+
+
+def test_a_second_detector_on_the_same_port_fails_and_the_first_gets_all_traffic(tmp_path: Path) -> None:
+    first = DetectorProcess(tmp_path).start()
+    try:
+        # gRPC binds with SO_REUSEPORT unless told not to: the kernel would split connections
+        # between the two processes, each seeing part of every entity.
+        code, err = _exit_of([*DETECTOR, "--config", str(first.config_path)])
+        assert code == 2, err
+        assert f"otel-eacgm detector serve: listen: cannot bind '{first.address}'" in err, err
+        assert "in use" in err.lower() and "Traceback" not in err, err
+        for _ in range(20):  # a new connection each time: each could have gone to another listener
+            with grpc.insecure_channel(first.address) as ch:
+                assert _export(ch) is grpc.StatusCode.OK
+    finally:
+        assert first.stop() == 0
+    assert _counters(first.log())["spans.accepted"] == 20 * 3
