@@ -5,7 +5,7 @@ Readiness: with ``--pid`` the agent attaches to what the targets map before it l
 so a block that starts after that line is traced from its first call. Release: at exit an
 agent holding 8 or more probe links or perf events hands them to a forked child that closes them
 in the background (one kernel synchronisation per link, about 0.1 s per perf-event probe; see
-bpf_loader.CallProgram._release). Until that child is gone the probes stay
+probe_links.ProbeLinks.release). Until that child is gone the probes stay
 in every process mapping the libraries, so an "untraced" measurement must wait for it:
 ``Agent.stop`` returns the child's pid and ``wait_gone`` waits.
 """

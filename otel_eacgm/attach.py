@@ -1,5 +1,7 @@
 """Attaching probes to each distinct library file, once: catalog rows by symbol, discovered
-ATen operators and CPython's function probes by file offset."""
+ATen operators and CPython's function probes by file offset. What goes in which group is
+planned as data (attach_plan.py); this module applies the plans through the probe links and
+keeps the report of what was attached, missing or refused."""
 
 from __future__ import annotations
 
@@ -7,7 +9,9 @@ import dataclasses
 import logging
 from collections.abc import Iterable, MutableMapping
 
-from otel_eacgm.bpf_loader import BpfError, CallProgram, Group, GroupKind, Probe, SymbolMissing, Tail
+from otel_eacgm.attach_plan import Pair, plan_catalog, plan_operators, plan_python
+from otel_eacgm.bpf_program import BpfError, CallProgram, SymbolMissing
+from otel_eacgm.probe_links import Group, GroupKind, ProbeLinks
 from otel_eacgm.probes import python_usdt, torch_ops
 from otel_eacgm.probes.catalog import TORCH_SLOTS, Family, ProbeSpec, torch_spec
 from otel_eacgm.probes.elf import ElfError
@@ -33,10 +37,11 @@ class Attacher:
     would make every Python process on the host pay a probe hit per function call).
     """
 
-    def __init__(self, program: CallProgram, rows: Iterable[tuple[int, ProbeSpec]], *,
+    def __init__(self, program: CallProgram, links: ProbeLinks, rows: Iterable[tuple[int, ProbeSpec]], *,
                  specs: MutableMapping[int, ProbeSpec] | None = None, torch: TorchSelection | None = None,
                  python: bool = False, python_pid_scoped: bool = True) -> None:
         self._program = program
+        self._links = links
         self._rows = list(rows)
         self._rows_by_slot = dict(self._rows)
         self._files: dict[tuple[int, int], str] = {}
@@ -69,56 +74,42 @@ class Attacher:
             self._files[lib.file_key] = lib.path
             return self._ensure_torch(lib)
         self._files[lib.file_key] = lib.path
-        before = self._program.probe_count
-        missing, failed = [], []
-        calls: list[Probe] = []
-        launches: list[Probe] = []
-        enqueues: list[Probe] = []
-        enqueue_returns: list[Probe] = []
-        for slot, spec in self._rows:
-            if spec.family is not lib.family:
-                continue
+        before = self._links.probe_count
+        plan = plan_catalog(self._rows, lib.family, lambda symbol: self._offset(lib.path, symbol))
+        failed: list[str] = []
+        for kind, probes in plan.groups:
             try:
-                offset = self._program.resolve(lib.path, spec.symbol)
-            except SymbolMissing:
-                missing.append(spec.symbol)
-                continue
-            if spec.cyclable:  # the guardrail may cycle these: entries and returns in groups of their own
-                enqueues.append(Probe(offset, Tail.ENTRY, slot))
-                enqueue_returns.append(Probe(offset, Tail.RETURN, slot, retprobe=True))
-            elif spec.has_return:
-                calls += [Probe(offset, Tail.ENTRY, slot), Probe(offset, Tail.RETURN, slot, retprobe=True)]
-            else:  # entry-only: the guardrail may cycle these
-                launches.append(Probe(offset, Tail.ENTRY, slot))
-        for kind, probes in ((GroupKind.CALLS, calls), (GroupKind.LAUNCH, launches)):
-            try:
-                self._program.attach(Group(kind, lib.path), probes, label=f"{lib.family.value} {kind.value} probes")
+                self._links.attach(Group(kind, lib.path), probes, label=f"{lib.family.value} {kind.value} probes")
             except BpfError as exc:
                 failed += sorted({self._rows_by_slot[p.slot].symbol for p in probes})
                 log.error("%s", exc)
-        if enqueues and not self._attach_pair(lib.path, lib.family.value, (GroupKind.ENQUEUE_RETURN, enqueue_returns),
-                                              (GroupKind.ENQUEUE, enqueues)):
-            failed += sorted({self._rows_by_slot[p.slot].symbol for p in enqueues})
-        added = self._program.probe_count - before
-        if missing:
-            self.missing[lib.path] = missing
-            log.info("%s: %d symbols not in this version, skipped: %s", lib.path, len(missing), ", ".join(missing))
+        if plan.enqueues is not None and not self._attach_pair(lib.path, lib.family.value, plan.enqueues):
+            failed += sorted({self._rows_by_slot[p.slot].symbol for p in plan.enqueues.entries[1]})
+        added = self._links.probe_count - before
+        if plan.missing:
+            self.missing[lib.path] = list(plan.missing)
+            log.info("%s: %d symbols not in this version, skipped: %s", lib.path, len(plan.missing),
+                     ", ".join(plan.missing))
         if failed:
             self.failed[lib.path] = failed
         log.info("attached %d probes to %s (%s)", added, lib.path, lib.family.value)
         return added
 
-    def _attach_pair(self, path: str, label: str, returns: tuple[GroupKind, list[Probe]],
-                     entries: tuple[GroupKind, list[Probe]]) -> bool:
-        """Attach the return probes of a group the guardrail cycles, then its entries: an entry
-        seen without its return probe would leave a frame open. If either fails, the returns are
-        taken off again (returns without entries cost hits and trace nothing); False then."""
-        for kind, probes in (returns, entries):
+    def _offset(self, path: str, symbol: str) -> int | None:
+        try:
+            return self._program.resolve(path, symbol)
+        except SymbolMissing:
+            return None
+
+    def _attach_pair(self, path: str, label: str, pair: Pair) -> bool:
+        """Attach a cycled pair, returns first; if either fails, the returns are taken off again
+        (returns without entries cost hits and trace nothing); False then."""
+        for kind, probes in (pair.returns, pair.entries):
             try:
-                self._program.attach(Group(kind, path), probes, label=f"{label} {kind.value} probes")
+                self._links.attach(Group(kind, path), probes, label=f"{label} {kind.value} probes")
             except BpfError as exc:
                 log.error("%s", exc)
-                self._program.forget(Group(returns[0], path))
+                self._links.forget(Group(pair.returns[0], path))
                 return False
         return True
 
@@ -154,20 +145,14 @@ class Attacher:
             log.info("%s: %d operators match torch_include, the cap torch_max_ops=%d keeps %d; %d not traced "
                      "(raise torch_max_ops, at most %d, or narrow torch_include)", lib.path,
                      len(chosen) + dropped, self._torch.max_ops, len(chosen), dropped, len(TORCH_SLOTS))
-        before = self._program.probe_count
-        failed, entries, exits = [], [], []
-        for op in chosen:
-            slot = self._slot_for(op)
-            if slot is None:
-                failed.append(op.qualified)
-                continue
-            entries.append(Probe(op.file_offset, Tail.ENTRY, slot))
-            exits += [Probe(offset, Tail.RETURN, slot) for offset in op.exits]
-        if not self._attach_pair(lib.path, "torch", (GroupKind.TORCH_EXIT, exits), (GroupKind.TORCH, entries)):
+        before = self._links.probe_count
+        pair, unslotted = plan_operators(chosen, self._slot_for)
+        failed = [op.qualified for op in unslotted]
+        if not self._attach_pair(lib.path, "torch", pair):
             failed = [op.qualified for op in chosen]
         if failed:
             self.failed[lib.path] = failed
-        added = self._program.probe_count - before
+        added = self._links.probe_count - before
         self.torch_ops[lib.path] = len(chosen) - len(failed)
         log.info("attached %d probes to %s (torch: %d of %d operators)", added, lib.path,
                  len(chosen) - len(failed), len(ops))
@@ -198,16 +183,14 @@ class Attacher:
             self.python_without_usdt[lib.path] = reason
             log.warning("Python functions are not traced in %s: %s", lib.path, reason)
             return 0
-        before = self._program.probe_count
+        before = self._links.probe_count
         try:
-            self._program.attach(Group(GroupKind.PYTHON, lib.path, scope), [
-                Probe(probes.entry_offset, Tail.PY_ENTRY, ref_ctr_offset=probes.entry_semaphore),
-                Probe(probes.return_offset, Tail.PY_RETURN, ref_ctr_offset=probes.return_semaphore),
-            ], label="python:function__entry/function__return")
+            self._links.attach(Group(GroupKind.PYTHON, lib.path, scope), plan_python(probes),
+                               label="python:function__entry/function__return")
         except BpfError as exc:
             self.failed[lib.path] = ["python:function__entry"]
             log.error("%s", exc)
-        added = self._program.probe_count - before
+        added = self._links.probe_count - before
         log.info("attached %d Python function probes to %s%s", added, lib.path,
                  f" for pid {pid}" if scope != -1 else "")
         return added

@@ -67,11 +67,11 @@ def _run_agent(args: argparse.Namespace) -> int:
         print(f"otel-eacgm agent: cannot trace as {privileges.detail}; {privileges.fix}. "
               "`otel-eacgm doctor` checks everything tracing needs.", file=sys.stderr)
         return 1
-    from otel_eacgm.agent import Agent
-    from otel_eacgm.bpf_loader import BpfError
+    from otel_eacgm.bpf_program import BpfError
+    from otel_eacgm.wiring import build_agent
 
     try:
-        agent = Agent(cfg, command, dump_bpf=args.dump_bpf)
+        agent = build_agent(cfg, command, dump_bpf=args.dump_bpf)
     except (BpfError, PermissionError, ValueError) as exc:
         print(f"otel-eacgm agent: {exc}", file=sys.stderr)
         return 1

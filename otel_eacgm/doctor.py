@@ -15,7 +15,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from otel_eacgm import uprobe_multi
+from otel_eacgm import bpf_program
+from otel_eacgm.bpf_program import BpfError
 from otel_eacgm.probes.libraries import all_pids, family_of
 
 _CAP_SYS_ADMIN, _CAP_PERFMON, _CAP_BPF = 21, 38, 39
@@ -94,24 +95,19 @@ def check_headers() -> Check:
 
 def check_bcc() -> Check:
     try:
-        import bcc  # type: ignore[import-not-found]  # noqa: F401
-    except ImportError as exc:
-        return Check("bcc", False, f"cannot import bcc: {exc}",
+        where = bpf_program.bcc_location()
+    except BpfError as exc:
+        return Check("bcc", False, str(exc),
                      "apt-get install python3-bpfcc; use the .venv built by `make setup` (--system-site-packages)")
-    return Check("bcc", True, f"bcc from {os.path.dirname(bcc.__file__)}")
+    return Check("bcc", True, f"bcc from {where}")
 
 
 def check_uprobe() -> Check:
     """The real test: compile a BPF program and attach a uprobe to libc."""
     try:
-        from bcc import BPF  # type: ignore[import-not-found]
-
-        prog = BPF(text=b"int hit(void *ctx) { return 0; }")
-        prog.attach_uprobe(name=b"c", sym=b"getpid", fn_name=b"hit")
-        prog.cleanup()
-    except Exception as exc:  # BCC raises bare Exception
-        return Check("uprobe", False, f"compiling/attaching a uprobe failed: {exc}",
-                     "see the checks above (headers, privileges, tracefs)")
+        bpf_program.try_libc_uprobe()
+    except BpfError as exc:
+        return Check("uprobe", False, str(exc), "see the checks above (headers, privileges, tracefs)")
     return Check("uprobe", True, "compiled a BPF program and attached a uprobe to libc getpid")
 
 
@@ -119,16 +115,9 @@ def check_probe_links() -> Check:
     """uprobe_multi links (kernel 6.6+): probes attached and released in one step per library,
     and PyTorch operator probes cyclable by the overhead guardrail."""
     try:
-        from bcc import BPF  # type: ignore[import-not-found]
-
-        prog = BPF(text=b"int hit(void *ctx) { return 0; }")
-        try:
-            ok = uprobe_multi.supported(prog.load_func(b"hit", BPF.KPROBE, None,
-                                                       uprobe_multi.BPF_TRACE_UPROBE_MULTI).fd)
-        finally:
-            prog.cleanup()
-    except Exception as exc:  # BCC raises bare Exception
-        ok, why = False, f"loading a uprobe_multi program failed: {exc}"
+        ok = bpf_program.uprobe_multi_usable()
+    except BpfError as exc:
+        ok, why = False, str(exc)
     else:
         why = "uprobe_multi links work" if ok else f"kernel {platform.release()} has no uprobe_multi links (6.6+)"
     return Check("probe links", ok, why, "without them each probe is a perf event: slow to release, and the "

@@ -174,19 +174,20 @@ EVENT_STRUCTS: dict[EventType, type[ctypes.Structure]] = {
 }
 
 
-def decode(data: int, size: int) -> ctypes.Structure:
-    """Copy one ring-buffer record (pointer `data`, `size` bytes) into its typed struct.
+def decode(data: int, size: int) -> tuple[EventType, ctypes.Structure]:
+    """Copy one ring-buffer record (pointer `data`, `size` bytes) into its typed struct; its type too.
 
     The copy matters: the ring buffer's memory is reused as soon as the callback returns.
     Raises ValueError for an unknown type byte or a record shorter than its struct.
     """
     kind = ctypes.cast(data, ctypes.POINTER(ctypes.c_uint8))[0]
     try:
-        struct = EVENT_STRUCTS[EventType(kind)]
+        event_type = EventType(kind)
+        struct = EVENT_STRUCTS[event_type]
     except ValueError:
         raise ValueError(f"unknown event type byte {kind} (size {size}); expected one of {list(EventType)}") from None
     if size < ctypes.sizeof(struct):
         raise ValueError(f"{struct.__name__} record of {size} bytes, expected {ctypes.sizeof(struct)}")
     out = struct()
     ctypes.memmove(ctypes.addressof(out), data, ctypes.sizeof(struct))
-    return out
+    return event_type, out

@@ -18,7 +18,7 @@ Three groups can be cycled. Kernel launches (entry-only catalog rows) always: no
 can be left waiting for a call entered before the detach. PyTorch operators, and the calls
 that only enqueue work on a stream and have a return probe (memsets, device-to-device copies:
 the catalog's ``cyclable`` rows), when the probes are uprobe_multi links
-(bpf_loader.CallProgram.multi_links), whose detach costs one kernel synchronisation instead of
+(probe_links.ProbeLinks.multi_links), whose detach costs one kernel synchronisation instead of
 one per probe: their entries are detached first and their return probes one agent tick later,
 and the returns are attached again before the entries, so a call is seen whole or not at all;
 a frame whose return came during the gap is closed by the kernel's stack check as unwound.
@@ -52,9 +52,10 @@ import dataclasses
 import logging
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
-from otel_eacgm.bpf_loader import CallProgram, CallStat, GroupKind, releases_running
+from otel_eacgm.bpf_program import CallStat
+from otel_eacgm.probe_links import GroupKind, ProbeLinks, releases_running
 from otel_eacgm.probes.catalog import Layer, ProbeSpec
 
 log = logging.getLogger(__name__)
@@ -122,9 +123,10 @@ def unit_of(spec: ProbeSpec | None, multi_links: bool) -> _Unit | None:
 class Guardrail:
     """Estimates each process' probe cost and duty-cycles launch and operator probes past the budget."""
 
-    def __init__(self, program: CallProgram, rows: Mapping[int, ProbeSpec], *, budget: float, hit_cost_s: float,
-                 period_s: float, min_duty: float, now: float) -> None:
-        self._program = program
+    def __init__(self, links: ProbeLinks, rows: Mapping[int, ProbeSpec], *, read_stats: Callable[[], list[CallStat]],
+                 budget: float, hit_cost_s: float, period_s: float, min_duty: float, now: float) -> None:
+        self._links = links
+        self._read_stats = read_stats
         self._rows = rows
         self.budget = budget
         self.hit_cost_s = hit_cost_s
@@ -257,7 +259,7 @@ class Guardrail:
                 for (pid, slot), share in cycled.items()}
 
     def _unit_of(self, spec: ProbeSpec | None) -> _Unit | None:
-        return unit_of(spec, self._program.multi_links)
+        return unit_of(spec, self._links.multi_links)
 
     def _decide(self, per_pid: dict[int, list[tuple[ProbeSpec | None, int, float]]]) -> None:
         worst_fixed = worst_cyclable = 0.0
@@ -349,7 +351,7 @@ class Guardrail:
         for unit, c in self._cycled.items():
             if c.attached == want:
                 if not want and c.exits_attached and unit.exits is not None:
-                    self._program.detach(unit.exits)  # one tick after the entries
+                    self._links.detach(unit.exits)  # one tick after the entries
                     c.exits_attached = False
                 continue
             # A probe fires once its breakpoint is written and its program set, which attach
@@ -357,16 +359,16 @@ class Guardrail:
             # (then it waits for the kernel).
             if want:
                 if unit.exits is not None and not c.exits_attached:
-                    self._program.reattach(unit.exits)
+                    self._links.reattach(unit.exits)
                     c.exits_attached = True
-                self._program.reattach(unit.entries)
+                self._links.reattach(unit.entries)
                 c.since = time.monotonic()
             else:
                 t = time.monotonic()
                 if self._at_detach is None:  # the counts the cost measurement splits the period at
-                    self._at_detach = (t, self._totals(self._program.call_stats()))
+                    self._at_detach = (t, self._totals(self._read_stats()))
                 c.spans.append((c.since, t))
-                self._program.detach(unit.entries)
+                self._links.detach(unit.entries)
             c.attached = want
         return boundary
 

@@ -17,20 +17,22 @@ lookups only where launches are named by symbol (the runtime launch layer).
 from __future__ import annotations
 
 import ctypes
-from typing import Any
+
+from otel_eacgm.bpf_program import symbol_library
 
 
 class ProcessSymbols:
     """Per-pid BCC symbol caches, freed explicitly; with `eager`, made and refreshed ahead of
     lookups (`track`, `refresh`), else made at a process's first lookup.
 
-    `bcc` is BCC's Python module; its ``SymbolCache`` never frees its cache, so this class
-    drives the C API (``bcc.libbcc``) directly.
+    BCC's Python ``SymbolCache`` never frees its cache, so this class drives the C API
+    (``bcc.libbcc``, from bpf_program.symbol_library) directly.
     """
 
-    def __init__(self, bcc: Any, *, eager: bool) -> None:  # noqa: ANN401 - bcc has no type information
-        self._lib = bcc.libbcc.lib
-        self._symbol = bcc.libbcc.bcc_symbol
+    def __init__(self, *, eager: bool) -> None:
+        libbcc = symbol_library()
+        self._lib = libbcc.lib
+        self._symbol = libbcc.bcc_symbol
         self.eager = eager
         self._caches: dict[int, int] = {}
         self._code_maps: dict[int, int] = {}  # pid -> hash of its executable mappings when read

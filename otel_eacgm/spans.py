@@ -19,8 +19,8 @@ from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, Trace
 from otel_eacgm import __version__
 from otel_eacgm.clock import EpochClock
 from otel_eacgm.cuda_enums import CUDA_DRIVER_ERRORS, CUDA_RUNTIME_ERRORS, NCCL_RESULTS, error_name
-from otel_eacgm.decoders import DECODERS, SYMBOL_AWARE, DecodeContext
-from otel_eacgm.events import PY_PROBE_ID, CallEvent, CallFlags, PyCallEvent
+from otel_eacgm.decoders import DECODERS, DecodeContext
+from otel_eacgm.events import PY_PROBE_ID, CallEvent, CallFlags
 from otel_eacgm.probes.catalog import Family, Layer, ProbeSpec
 from otel_eacgm.python_names import PythonNames
 
@@ -105,13 +105,16 @@ class SpanBuilder:
         self.python_names = PythonNames()
 
     def build(self, ev: CallEvent, string: bytes | None = None) -> ReadableSpan:
-        """The span of one call record. Raises KeyError for a probe id outside the catalog."""
+        """The span of one call record (a Python call whose names never came too: a frame left
+        by a dead thread). Raises KeyError for a probe id outside the catalog."""
+        if ev.probe_id == PY_PROBE_ID:
+            return self.build_python(ev, None, None)
         spec = self._rows[ev.probe_id]
         decoder = DECODERS[spec.decoder]
-        if spec.decoder in SYMBOL_AWARE:
-            attrs = decoder(ev, string, self._ctx, symbol=spec.symbol)
+        if decoder.symbol_aware:
+            attrs = decoder.decode(ev, string, self._ctx, symbol=spec.symbol)
         else:
-            attrs = decoder(ev, string, self._ctx)
+            attrs = decoder.decode(ev, string, self._ctx)
         attrs.update(spec.attributes)
         attrs.update({
             "eacgm.layer": spec.layer.value,
@@ -159,11 +162,3 @@ class SpanBuilder:
             end_time=self._clock.to_epoch(ev.exit_ns),
             instrumentation_scope=SCOPE,
         )
-
-    def build_record(self, rec: CallEvent | PyCallEvent, string: bytes | None = None) -> ReadableSpan:
-        """The span of any call record (C function, torch operator, Python function)."""
-        if isinstance(rec, PyCallEvent):
-            return self.build_python(rec.call, rec.func, rec.file)
-        if rec.probe_id == PY_PROBE_ID:
-            return self.build_python(rec, None, None)
-        return self.build(rec, string)

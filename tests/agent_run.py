@@ -40,7 +40,7 @@ def summary(stderr: str) -> dict[str, int]:
 def wait_for_earlier_releases(timeout_s: float = 60) -> None:
     """An earlier test's agent may still be releasing its probes, and the guardrail cycles nothing
     before that ends: wait for it (at most `timeout_s`)."""
-    from otel_eacgm.bpf_loader import releases_running  # noqa: PLC0415 - the eBPF tests' import
+    from otel_eacgm.probe_links import releases_running  # noqa: PLC0415 - the eBPF tests' import
 
     deadline = time.monotonic() + timeout_s
     while releases_running() and time.monotonic() < deadline:

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from otel_eacgm.attach import Attacher, TorchSelection
-from otel_eacgm.bpf_loader import BpfError, Group, GroupKind
+from otel_eacgm.bpf_program import BpfError
+from otel_eacgm.probe_links import Group, GroupKind
 from otel_eacgm.probes.catalog import CATALOG, Family
 from otel_eacgm.probes.libraries import MappedLibrary
 
@@ -48,7 +49,7 @@ def torch_lib() -> MappedLibrary:
 
 
 def attacher(program: RecordingProgram) -> Attacher:
-    return Attacher(program, [], torch=TorchSelection(include=("add_", "mm"), max_ops=4))  # type: ignore[arg-type]
+    return Attacher(program, program, [], torch=TorchSelection(include=("add_", "mm"), max_ops=4))  # type: ignore[arg-type]
 
 
 def test_operator_exits_are_attached_before_their_entries() -> None:
@@ -75,7 +76,7 @@ class ResolvingProgram(RecordingProgram):
 
 def runtime_attacher(program: RecordingProgram) -> tuple[Attacher, MappedLibrary]:
     rows = [(slot, spec) for slot, spec in enumerate(CATALOG) if spec.family is Family.CUDART]
-    return Attacher(program, rows), MappedLibrary(Family.CUDART, "/opt/libcudart.so.13", (1, 2))  # type: ignore[arg-type]
+    return Attacher(program, program, rows), MappedLibrary(Family.CUDART, "/opt/libcudart.so.13", (1, 2))  # type: ignore[arg-type]
 
 
 def test_enqueue_calls_get_groups_of_their_own_returns_first() -> None:

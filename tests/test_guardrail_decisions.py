@@ -6,7 +6,8 @@ import logging
 
 import pytest
 
-from otel_eacgm.bpf_loader import CallStat, GroupKind
+from otel_eacgm.bpf_program import CallStat
+from otel_eacgm.probe_links import GroupKind
 from otel_eacgm.events import BW_BUCKETS, DUR_BUCKETS
 from otel_eacgm.guardrail import AIM, MIN_ATTACHED_S, RELAX, Guardrail
 from otel_eacgm.probes.catalog import CATALOG, TORCH_SLOTS, torch_spec
@@ -48,7 +49,7 @@ def stat(symbol: str, count: int, pid: int = 7) -> CallStat:
 
 def guardrail(budget: float = 0.05, multi_links: bool = True) -> tuple[Guardrail, FakeProgram]:
     program = FakeProgram(multi_links)
-    return Guardrail(program, ROWS, budget=budget, hit_cost_s=1e-6, period_s=10.0, min_duty=0.05, now=0.0), program  # type: ignore[arg-type]
+    return Guardrail(program, ROWS, read_stats=program.call_stats, budget=budget, hit_cost_s=1e-6, period_s=10.0, min_duty=0.05, now=0.0), program  # type: ignore[arg-type]
 
 
 def test_within_budget_nothing_is_cycled() -> None:
@@ -210,7 +211,7 @@ def test_no_probe_is_cycled_while_an_earlier_agent_releases_its_probes(monkeypat
 
 
 def test_a_releasing_child_is_recognised_by_its_name(tmp_path) -> None:  # noqa: ANN001
-    from otel_eacgm.bpf_loader import RELEASER_NAME, releases_running  # noqa: PLC0415
+    from otel_eacgm.probe_links import RELEASER_NAME, releases_running  # noqa: PLC0415
 
     (tmp_path / "41").mkdir()
     (tmp_path / "41" / "comm").write_text("python3\n")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-bcc = pytest.importorskip("bcc", reason="BCC's Python module (Debian's python3-bpfcc) is missing")
+pytest.importorskip("bcc", reason="BCC's Python module (Debian's python3-bpfcc) is missing")
 
 from otel_eacgm.process_symbols import ProcessSymbols  # noqa: E402
 
@@ -63,7 +63,7 @@ def child() -> Iterator[Child]:
 
 @pytest.fixture
 def symbols() -> Iterator[ProcessSymbols]:
-    s = ProcessSymbols(bcc, eager=True)
+    s = ProcessSymbols(eager=True)
     yield s
     s.close()
 
@@ -123,7 +123,7 @@ def test_a_forgotten_process_is_read_afresh(child: Child, symbols: ProcessSymbol
 
 
 def test_without_eager_nothing_is_read_before_the_first_lookup(child: Child) -> None:
-    lazy = ProcessSymbols(bcc, eager=False)
+    lazy = ProcessSymbols(eager=False)
     try:
         address = child.load()
         lazy.track(child.pid)

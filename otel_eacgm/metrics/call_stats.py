@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from opentelemetry.sdk.metrics.export import (AggregationTemporality, Histogram, HistogramDataPoint, Metric,
                                               NumberDataPoint, Sum)
 
-from otel_eacgm.bpf_loader import CallStat
+from otel_eacgm.bpf_program import CallStat
 from otel_eacgm.events import BW_BUCKETS, BW_SHIFT, DUR_BUCKETS, DUR_SHIFT, PY_PROBE_ID, STATUS_UNWOUND
 from otel_eacgm.kernel_names import UNKNOWN, KernelNames
 from otel_eacgm.probes.catalog import Layer, ProbeSpec, Role

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from opentelemetry.metrics import Meter, MeterProvider
 
 from otel_eacgm import __version__
-from otel_eacgm.bpf_loader import BpfError
+from otel_eacgm.bpf_program import BpfError
 from otel_eacgm.metrics.attribution import ProcessAttribution
 from otel_eacgm.metrics.infiniband import InfinibandMetrics
 from otel_eacgm.metrics.net_bpf import NetProgram

@@ -1,7 +1,7 @@
 """bpf/net.bpf.c loaded through BCC: TCP retransmit counts keyed by socket owner.
 
-BCC itself is imported only by :mod:`otel_eacgm.bpf_loader`; this module reuses its import
-guard, error type and ``bpf/`` location so that remains true.
+BCC itself is imported only by :mod:`otel_eacgm.bpf_program`; this module compiles through it
+(its import guard, error type and ``bpf/`` location) so that remains true.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import dataclasses
 import logging
 from collections.abc import Callable, Iterable
 
-from otel_eacgm.bpf_loader import BPF_DIR, BpfError, import_bcc
+from otel_eacgm.bpf_program import BPF_DIR, BpfError, compile_program
 
 _LOG = logging.getLogger(__name__)
 
@@ -42,14 +42,8 @@ class NetProgram:
         self, options: NetProgramOptions | None = None, *, dump: Callable[[str], None] | None = None
     ) -> None:
         self.options = options or NetProgramOptions()
-        bcc = import_bcc()
-        cflags = self.options.cflags()
-        if dump is not None:
-            dump(f"// cflags: {' '.join(cflags)}\n{SOURCE.read_text()}")
-        try:
-            self._bpf = bcc.BPF(src_file=str(SOURCE).encode(), cflags=cflags)
-        except Exception as exc:  # BCC raises bare Exception for compile and load errors
-            raise BpfError(f"loading {SOURCE} failed: {exc}. Needs root, BPF and kernel headers.") from exc
+        self._bpf = compile_program(SOURCE, self.options.cflags(), dump=dump,
+                                    hint="Needs root, BPF and kernel headers.")
         attached = self._bpf.num_open_tracepoints()
         if attached != len(TRACEPOINTS):
             self._bpf.cleanup()

@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 
+from otel_eacgm.decoders import DECODERS
+
 
 class Layer(str, enum.Enum):
     """`eacgm.layer` values."""
@@ -77,10 +79,7 @@ class ProbeSpec:
     def always_send(self) -> bool:
         """Every call reaches the agent, sampled or not: its decoder keeps state that later spans
         need (kernel names of handles, allocation sizes, communicator sizes)."""
-        return self.role is Role.NAME_RECORD or self.decoder in _STATEFUL_DECODERS
-
-
-_STATEFUL_DECODERS = frozenset({"malloc", "malloc_async", "free", "free_async", "nccl_comm_init"})
+        return self.role is Role.NAME_RECORD or DECODERS[self.decoder].stateful
 
 
 def _rt(symbol: str, decoder: str, **kw: object) -> ProbeSpec:
@@ -149,7 +148,7 @@ CATALOG: tuple[ProbeSpec, ...] = (
     _nccl("ncclCommAbort", "nccl_comm_arg0"),
 )
 
-MAX_SLOTS = 320  # keep equal to EACGM_PROBE_SLOTS passed by bpf_loader.py
+MAX_SLOTS = 320  # keep equal to EACGM_PROBE_SLOTS passed by bpf_program.py
 TORCH_SLOTS = range(64, MAX_SLOTS)  # discovered ATen operators; the catalog rows stay below 64
 
 

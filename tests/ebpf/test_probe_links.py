@@ -13,7 +13,8 @@ import sys
 import pytest
 
 from agent_run import WORKLOAD, run_traced, summary
-from otel_eacgm.bpf_loader import CallProgram, Group, GroupKind, Probe, ProgramOptions, Sampling, Tail
+from otel_eacgm.bpf_program import CallProgram, ProgramOptions, Sampling, Tail
+from otel_eacgm.probe_links import Group, GroupKind, Probe, ProbeLinks
 from otel_eacgm.probes.catalog import CATALOG
 
 pytestmark = pytest.mark.ebpf
@@ -44,25 +45,27 @@ def launches(n: int) -> int:
 @pytest.mark.parametrize("multi", [True, False], ids=["uprobe_multi", "perf_events"])
 def test_a_detached_group_stops_counting_and_counts_again_once_reattached(multi: bool) -> None:
     program = CallProgram(ProgramOptions(filter_pids=False, uprobe_multi=multi))
+    links = ProbeLinks(program)
     try:
-        assert program.multi_links == (multi and kernel_has_uprobe_multi())
+        assert links.multi_links == (multi and kernel_has_uprobe_multi())
         program.configure(LAUNCH_SLOT, CATALOG[LAUNCH_SLOT])
         program.set_sampling(Sampling(ratio=0.0, slow_s=10.0, slice_s=1.0, resample_s=0.01, salt=1, statistics=True,
                                      slice_max=0))
         lib = libcudart()
         offset = program.resolve(lib, "cudaLaunchKernel")
-        program.attach(Group(GroupKind.LAUNCH, lib), [Probe(offset, Tail.ENTRY, LAUNCH_SLOT)])
-        assert program.probe_count == 1
+        links.attach(Group(GroupKind.LAUNCH, lib), [Probe(offset, Tail.ENTRY, LAUNCH_SLOT)])
+        assert links.probe_count == 1
 
         def counted(pid: int) -> int:
             return sum(s.count for s in program.call_stats() if s.pid == pid and s.probe_id == LAUNCH_SLOT)
 
         assert counted(launches(N)) == N
-        assert program.detach(GroupKind.LAUNCH) == 1
+        assert links.detach(GroupKind.LAUNCH) == 1
         assert counted(launches(N)) == 0
-        assert program.reattach(GroupKind.LAUNCH) == 1
+        assert links.reattach(GroupKind.LAUNCH) == 1
         assert counted(launches(N)) == N
     finally:
+        links.release()
         program.close()
 
 
@@ -86,16 +89,19 @@ def test_a_probe_another_tool_holds_is_left_out_of_the_link_and_of_the_count() -
     lib = libcudart()
     other = CallProgram(ProgramOptions(filter_pids=False, uprobe_multi=False))
     ours = CallProgram(ProgramOptions(filter_pids=False, uprobe_multi=True))
+    other_links, our_links = ProbeLinks(other), ProbeLinks(ours)
     try:
         launch, sync = other.resolve(lib, "cudaLaunchKernel"), other.resolve(lib, "cudaStreamSynchronize")
         other.configure(LAUNCH_SLOT, CATALOG[LAUNCH_SLOT])
-        other.attach(Group(GroupKind.LAUNCH, lib), [Probe(launch, Tail.ENTRY, LAUNCH_SLOT, ref_ctr_offset=0x6)])
+        other_links.attach(Group(GroupKind.LAUNCH, lib), [Probe(launch, Tail.ENTRY, LAUNCH_SLOT, ref_ctr_offset=0x6)])
         ours.configure(LAUNCH_SLOT, CATALOG[LAUNCH_SLOT])
         group = Group(GroupKind.LAUNCH, lib)
-        ours.attach(group, [Probe(launch, Tail.ENTRY, LAUNCH_SLOT), Probe(sync, Tail.ENTRY, LAUNCH_SLOT)])
-        assert ours.probe_count == 1
-        assert ours.detach(GroupKind.LAUNCH) == 1
-        assert ours.reattach(GroupKind.LAUNCH) == 1
+        our_links.attach(group, [Probe(launch, Tail.ENTRY, LAUNCH_SLOT), Probe(sync, Tail.ENTRY, LAUNCH_SLOT)])
+        assert our_links.probe_count == 1
+        assert our_links.detach(GroupKind.LAUNCH) == 1
+        assert our_links.reattach(GroupKind.LAUNCH) == 1
     finally:
+        our_links.release()
         ours.close()
+        other_links.release()
         other.close()

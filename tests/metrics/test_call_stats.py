@@ -11,7 +11,7 @@ from opentelemetry.sdk.metrics.export import MetricExportResult, MetricsData, Re
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from otel_eacgm.bpf_loader import CallStat
+from otel_eacgm.bpf_program import CallStat
 from otel_eacgm.events import BW_BUCKETS, DUR_BUCKETS, PY_PROBE_ID, STATUS_UNWOUND
 from otel_eacgm.export import ProducingMetricExporter
 from otel_eacgm.kernel_names import KernelNames

@@ -71,7 +71,7 @@ def _ip(*args: str) -> None:
 
 @pytest.mark.ebpf
 def test_real_retransmissions_are_counted_for_the_sending_pid(ebpf_ready: None) -> None:
-    from otel_eacgm.bpf_loader import BpfError
+    from otel_eacgm.bpf_program import BpfError
     from otel_eacgm.metrics.net_bpf import NetProgram
 
     try:
