@@ -102,9 +102,10 @@ class Agent:
     def run(self) -> int:
         """Capture until stopped; returns the exit status (the command's, when launched)."""
         for pid in self.pids:
-            if not os.path.exists(f"/proc/{pid}"):
-                log.warning("pid %d does not exist (yet); it will be traced if it appears", pid)
             self.program.add_target(pid)
+            if not os.path.exists(f"/proc/{pid}"):  # exited before it was a target: its exit removed nothing
+                self.program.remove_target(pid)
+                log.warning("pid %d exited before it was traced", pid)
         if self.launcher is not None:
             self.launcher.install_signal_handlers()
         else:

@@ -321,6 +321,13 @@ class CallProgram:
         table = self._bpf["targets"]
         table[ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
 
+    def remove_target(self, pid: int) -> None:
+        """Stop tracing this tgid (the kernel removes a target itself when it exits)."""
+        try:
+            del self._bpf["targets"][ctypes.c_uint32(pid)]
+        except KeyError:
+            pass
+
     def targets(self) -> set[int]:
         """Tgids currently traced (children added by the fork tracepoint included)."""
         return {k.value for k in self._bpf["targets"].keys()}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -42,6 +43,14 @@ def _common_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...] to launch and trace")
 
 
+def check_pids(pids: Sequence[int], proc: str = "/proc") -> None:
+    """Refuse a --pid that names no process: waiting for it would trace whichever process
+    later takes that pid number."""
+    for pid in pids:
+        if not os.path.exists(f"{proc}/{pid}"):
+            raise ProcessLookupError(f"--pid {pid}: no such process (a pid must exist when the agent starts)")
+
+
 def _run_agent(args: argparse.Namespace) -> int:
     command = list(args.command)
     if command and command[0] == "--":
@@ -60,6 +69,18 @@ def _run_agent(args: argparse.Namespace) -> int:
         print(f"otel-eacgm {args.cmd}: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s otel-eacgm %(levelname)s %(name)s: %(message)s")
+    from otel_eacgm.launcher import CommandNotRunnable, check_runnable
+
+    try:
+        if command:
+            check_runnable(command)
+        check_pids(cfg.pids)
+    except CommandNotRunnable as exc:
+        print(f"otel-eacgm {args.cmd}: {exc}", file=sys.stderr)
+        return exc.status
+    except ProcessLookupError as exc:
+        print(f"otel-eacgm {args.cmd}: {exc}", file=sys.stderr)
+        return 1
     from otel_eacgm.doctor import check_privileges
 
     privileges = check_privileges()

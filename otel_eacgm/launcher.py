@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,12 +18,57 @@ from collections.abc import Callable, Sequence
 
 log = logging.getLogger(__name__)
 
+#: Exit statuses a shell gives a command it cannot run (POSIX: 127 not found, 126 not executable).
+NOT_FOUND, NOT_EXECUTABLE = 127, 126
+
+# The waiter, run as `python -S -c WAITER RUNNING_FD GO_FD COMMAND...`: says it runs, waits for
+# "go", then becomes the command; an exec that fails ends it as a shell would, in one line.
+_WAITER = """import errno, os, sys
+running, go = int(sys.argv[1]), int(sys.argv[2])
+os.close(running)
+os.read(go, 1)
+os.close(go)
+try:
+    os.execvp(sys.argv[3], sys.argv[3:])
+except OSError as exc:
+    sys.stderr.write(f"{sys.argv[3]}: {exc.strerror}\\n")
+    os._exit(126 if exc.errno in (errno.EACCES, errno.EPERM, errno.EISDIR, errno.ENOEXEC) else 127)
+"""
+
+
+class CommandNotRunnable(Exception):
+    """The command cannot be executed; `status` is the exit status a shell would give."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def check_runnable(command: Sequence[str]) -> None:
+    """Raise CommandNotRunnable unless `command[0]` names an executable file (a path, or a name
+    found on PATH), before any probe is loaded for it."""
+    name = command[0]
+    path = name if "/" in name else shutil.which(name)
+    if path is None:
+        raise CommandNotRunnable(f"{name}: command not found", NOT_FOUND)
+    if not os.path.exists(path):
+        raise CommandNotRunnable(f"{name}: No such file or directory", NOT_FOUND)
+    if os.path.isdir(path):
+        raise CommandNotRunnable(f"{name}: Is a directory", NOT_EXECUTABLE)
+    if not os.access(path, os.X_OK):
+        raise CommandNotRunnable(f"{name}: Permission denied", NOT_EXECUTABLE)
+
 
 class Launcher:
-    """The launched command: started held, released, signalled, and its exit status."""
+    """The launched command: started held, released, signalled, and its exit status.
 
-    def __init__(self, command: Sequence[str]) -> None:
+    `log_arguments`: the launch log line shows the whole argv, not only the executable
+    (arguments often carry tokens; on only where argv is exported, resource_command_line).
+    """
+
+    def __init__(self, command: Sequence[str], *, log_arguments: bool = False) -> None:
         self.command = list(command)
+        self._log_arguments = log_arguments
         self._child: subprocess.Popen[bytes] | None = None
 
     def start(self, before_release: Callable[[int], None]) -> int:
@@ -30,9 +76,7 @@ class Launcher:
         let it go on; returns its pid."""
         r, w = os.pipe()
         running_r, running_w = os.pipe()
-        waiter = (f"import os, sys; os.close({running_w}); os.read({r}, 1); os.close({r}); "
-                  f"os.execvp(sys.argv[1], sys.argv[1:])")
-        self._child = subprocess.Popen([sys.executable, "-S", "-c", waiter, *self.command],
+        self._child = subprocess.Popen([sys.executable, "-S", "-c", _WAITER, str(running_w), str(r), *self.command],
                                        pass_fds=(r, running_w))
         os.close(r)
         os.close(running_w)
@@ -41,7 +85,8 @@ class Launcher:
         before_release(self._child.pid)
         os.write(w, b"go\n")
         os.close(w)
-        log.info("launched pid %d: %s", self._child.pid, " ".join(self.command))
+        log.info("launched pid %d: %s", self._child.pid,
+                 " ".join(self.command) if self._log_arguments else f"{self.command[0]} (arguments not logged)")
         return self._child.pid
 
     @property

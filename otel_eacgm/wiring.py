@@ -143,7 +143,7 @@ def build_agent(cfg: AgentConfig, command: Sequence[str] | None = None, *, dump_
     program.open_ring(pipeline.on_record)
     return Agent(program=program, links=links, discovery=discovery, shaper=shaper, queue=queue, meters=meters,
                  host_metrics=host_metrics, telemetry=telemetry, call_stats=stats_reader,
-                 launcher=Launcher(command) if command else None, pids=list(cfg.pids),
+                 launcher=Launcher(command, log_arguments=cfg.resource_command_line) if command else None, pids=list(cfg.pids),
                  ready_line=f"layers {','.join(cfg.layers)}, launches at {cfg.launch_layer}; {_targets(cfg, command)}",
                  scan_interval_s=cfg.scan_interval_s, stats_log_interval_s=cfg.stats_log_interval_s,
                  export_timeout_s=cfg.export_timeout_s)
