@@ -5,7 +5,7 @@
  * shared by all layers, so user space receives one completed-call record per call, already
  * parented (Python > torch op > CUDA runtime > driver), and never has to pair events.
  *
- * This is the one file BCC compiles (otel_eacgm/bpf_loader.py, with -I bpf/); each concern is a
+ * This is the one file BCC compiles (otel_eacgm/bpf_program.py, with -I bpf/); each concern is a
  * header under calls/ (bpf/README.md lists them). Knobs arrive as -D flags: calls/knobs.bpf.h.
  * Two things must stay in this file, because BCC does them only in the file it compiles:
  *   - map operations: `inflight.lookup(&k)` becomes a BPF helper call here; in an included

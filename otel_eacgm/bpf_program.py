@@ -2,9 +2,8 @@
 
 Every module that needs BCC goes through this one: the call program (calls.bpf.c), the network
 program (metrics/net_bpf.py compiles through `compile_program`), the probe links
-(probe_links.py attaches through the primitives of `CallProgram`), the symbol caches
-(`symbol_library`) and the doctor's checks. Knobs reach the BPF program as -D flags, never by
-editing its text. Everything that can fail in the kernel or in BCC becomes a typed exception
+(probe_links.py attaches through the primitives of `CallProgram`) and the doctor's checks.
+Knobs reach the BPF program as -D flags, never by editing its text. Everything that can fail in the kernel or in BCC becomes a typed exception
 here, so the rest of the agent never sees BCC's generic ``Exception``.
 """
 
@@ -15,6 +14,7 @@ import dataclasses
 import enum
 import logging
 import os
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -128,19 +128,31 @@ def import_bcc() -> Any:  # noqa: ANN401 - bcc has no type information
 
 def compile_program(src: Path, cflags: Sequence[str], *, dump: Callable[[str], None] | None = None,
                     hint: str = "Run `otel-eacgm doctor` (kernel headers, root, BPF).") -> Any:  # noqa: ANN401
-    """Compile and load the BPF C file `src` (BCC's BPF object); BpfError names the file."""
+    """Compile and load the BPF C file `src` (BCC's BPF object); BpfError names the file.
+    `dump` gets the program's text first: the file, then every local header it includes."""
     bcc = import_bcc()
     if dump is not None:
-        dump(f"// cflags: {' '.join(cflags)}\n{src.read_text()}")
+        dump(f"// cflags: {' '.join(cflags)}\n" + "\n".join(
+            f"// --- {path.relative_to(src.parent)}\n{path.read_text()}" for path in _sources(src)))
     try:
         return bcc.BPF(src_file=str(src).encode(), cflags=list(cflags))
     except Exception as exc:  # BCC raises bare Exception for compile and load errors
         raise BpfError(f"loading {src} failed: {exc}. {hint}") from exc
 
 
-def symbol_library() -> Any:  # noqa: ANN401
-    """BCC's C library binding (``bcc.libbcc``): process symbol caches (process_symbols.py)."""
-    return import_bcc().libbcc
+def _sources(src: Path) -> list[Path]:
+    """`src` and the local headers it includes (#include "..."), depth first, each once."""
+    seen: list[Path] = []
+
+    def visit(path: Path) -> None:
+        if path in seen or not path.exists():
+            return
+        seen.append(path)
+        for name in re.findall(r'^\s*#include\s+"([^"]+)"', path.read_text(), re.MULTILINE):
+            visit(src.parent / name)
+
+    visit(src)
+    return seen
 
 
 def bcc_location() -> str:

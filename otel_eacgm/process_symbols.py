@@ -1,60 +1,99 @@
 """Symbol names of code addresses in traced processes, still readable once a process is gone.
 
-BCC reads a process's memory map when its symbol cache for that pid is made, and not again
-unless told: an address in a library loaded later stays unknown, and a process that exited
-before the first lookup (the agent fell behind its events) has no map left to read. So the
-agent makes a process's cache as soon as it traces the process, has it read the map again
-after the process opens a library or executes another program, retries a miss once against a
-fresh map while the process lives, and frees the cache when the process is gone. The symbol
-tables themselves are read from the library files, which outlive the process.
+A runtime-layer launch names its kernel by the host stub it passes, an address in the traced
+process. The agent snapshots a process's executable file mappings as soon as it traces the
+process, again after the process opens a library or executes another program (only when its
+executable mappings changed), and on a miss while the process lives; the snapshot outlives the
+process, so launches read after it exited keep their names. Names come from the mapped files'
+own symbol tables (.symtab and .dynsym, probes/elf.py), read once per file on the first lookup
+that lands in it and kept while a tracked process maps it.
 
-A fresh map drops the symbol tables BCC has read (a large library takes a while to read
-again), so the map is read again only when its executable mappings changed. A cache holds one
-open file per mapped library (about 70 for a CPU PyTorch process), so caches are made ahead of
-lookups only where launches are named by symbol (the runtime launch layer).
+This replaces libbcc's symbol cache, whose constructor in BCC before 0.33 (Debian 12 ships
+0.26) closes an uninitialised file descriptor (iovisor/bcc#5193): in the agent that closed a
+live tracepoint fd now and then, silently turning off library discovery.
 """
 
 from __future__ import annotations
 
-import ctypes
+import bisect
+import dataclasses
+import os
 
-from otel_eacgm.bpf_program import symbol_library
+import numpy as np
+
+from otel_eacgm.probes.elf import ElfError, ElfFile
+
+
+@dataclasses.dataclass(frozen=True)
+class _Mapping:
+    """One executable file mapping of a process."""
+
+    start: int
+    end: int
+    offset: int
+    path: str
+    file_key: tuple[int, int]  # (device, inode) as /proc/PID/maps gives them
+
+
+class _SymbolTable:
+    """The function symbols of one file, sorted by address, with the file kept mapped for names."""
+
+    def __init__(self, path: str) -> None:
+        self._elf = ElfFile(path)
+        self._values, self._sizes, self._names = self._elf.function_table()
+
+    def name_at(self, file_offset: int) -> str | None:
+        """The symbol holding the code at `file_offset` (exactly at its start when it has no size)."""
+        try:
+            vaddr = self._elf.vaddr(file_offset)
+        except ElfError:
+            return None
+        i = int(np.searchsorted(self._values, vaddr, side="right")) - 1
+        while i >= 0 and self._values[i] <= vaddr:
+            value, size = int(self._values[i]), int(self._sizes[i])
+            if vaddr < value + size or vaddr == value:
+                return self._elf.cstr(int(self._names[i]))
+            if size == 0 or i == 0 or int(self._values[i - 1]) != value:
+                return None
+            i -= 1  # several symbols at one address: try the others
+        return None
+
+    def close(self) -> None:
+        self._elf.close()
 
 
 class ProcessSymbols:
-    """Per-pid BCC symbol caches, freed explicitly; with `eager`, made and refreshed ahead of
-    lookups (`track`, `refresh`), else made at a process's first lookup.
+    """Per-pid snapshots of executable mappings, and the symbol tables of the files they map.
 
-    BCC's Python ``SymbolCache`` never frees its cache, so this class drives the C API
-    (``bcc.libbcc``, from bpf_program.symbol_library) directly.
+    With `eager`, a process's mappings are read ahead of lookups (`track`, `refresh`); without,
+    at its first lookup (the default driver launch layer names kernels from name records and
+    never looks a symbol up).
     """
 
     def __init__(self, *, eager: bool) -> None:
-        libbcc = symbol_library()
-        self._lib = libbcc.lib
-        self._symbol = libbcc.bcc_symbol
         self.eager = eager
-        self._caches: dict[int, int] = {}
+        self._maps: dict[int, list[_Mapping]] = {}
+        self._starts: dict[int, list[int]] = {}
         self._code_maps: dict[int, int] = {}  # pid -> hash of its executable mappings when read
+        self._tables: dict[tuple[int, int], _SymbolTable | None] = {}  # None: not a readable ELF file
 
     def track(self, pid: int) -> None:
-        """Read `pid`'s memory map now (if eager and it has no cache yet)."""
+        """Read `pid`'s memory map now (if eager and it was not read yet)."""
         if self.eager:
             self._make(pid)
 
     def refresh(self, pid: int) -> bool:
         """Read `pid`'s memory map again if its code changed (it opened a library or executed
         another program); whether it did."""
-        if not self.eager and pid not in self._caches:
+        if not self.eager and pid not in self._maps:
             return False
-        if pid not in self._caches:
+        if pid not in self._maps:
             self._make(pid)
             return True
-        code = _code_map(pid)
-        if code is None or code == self._code_maps[pid]:  # gone: keep the map read while it lived
+        lines = _code_lines(pid)
+        if not lines or hash(lines) == self._code_maps[pid]:  # gone: keep the map read while it lived
             return False
-        self._code_maps[pid] = code
-        self._lib.bcc_symcache_refresh(self._caches[pid])
+        self._read(pid, lines)
         return True
 
     def resolve(self, pid: int, addr: int) -> str | None:
@@ -66,35 +105,71 @@ class ProcessSymbols:
         return name
 
     def forget(self, pid: int) -> None:
-        """Free `pid`'s cache (it exited)."""
-        cache = self._caches.pop(pid, None)
+        """Drop `pid`'s snapshot (it exited), and the symbol tables no other process maps."""
+        self._starts.pop(pid, None)
         self._code_maps.pop(pid, None)
-        if cache is not None:
-            self._lib.bcc_free_symcache(cache, pid)
+        if self._maps.pop(pid, None) is not None:
+            self._drop_unmapped_tables()
 
     def close(self) -> None:
-        """Free every cache."""
-        for pid in list(self._caches):
+        """Drop every snapshot and table."""
+        for pid in list(self._maps):
             self.forget(pid)
 
     def _make(self, pid: int) -> None:
-        if pid not in self._caches:
-            self._code_maps[pid] = _code_map(pid) or 0
-            self._caches[pid] = self._lib.bcc_symcache_new(pid, None)
+        if pid not in self._maps:
+            self._read(pid, _code_lines(pid))
+
+    def _read(self, pid: int, lines: tuple[bytes, ...]) -> None:
+        self._code_maps[pid] = hash(lines) if lines else 0
+        maps = sorted((m for m in map(_parse, lines) if m is not None), key=lambda m: m.start)
+        self._maps[pid] = maps
+        self._starts[pid] = [m.start for m in maps]
+        self._drop_unmapped_tables()
 
     def _lookup(self, pid: int, addr: int) -> str | None:
-        sym = self._symbol()
-        if self._lib.bcc_symcache_resolve_no_demangle(self._caches[pid], addr, ctypes.byref(sym)) < 0 or not sym.name:
+        i = bisect.bisect_right(self._starts[pid], addr) - 1
+        if i < 0:
             return None
-        return sym.name.decode(errors="replace")
+        m = self._maps[pid][i]
+        if addr >= m.end:
+            return None
+        table = self._table(m)
+        return table.name_at(addr - m.start + m.offset) if table is not None else None
+
+    def _table(self, m: _Mapping) -> _SymbolTable | None:
+        if m.file_key not in self._tables:
+            try:
+                self._tables[m.file_key] = _SymbolTable(m.path)
+            except (OSError, ElfError):
+                self._tables[m.file_key] = None
+        return self._tables[m.file_key]
+
+    def _drop_unmapped_tables(self) -> None:
+        mapped = {m.file_key for maps in self._maps.values() for m in maps}
+        for key in [k for k in self._tables if k not in mapped]:
+            table = self._tables.pop(key)
+            if table is not None:
+                table.close()
 
 
-def _code_map(pid: int) -> int | None:
-    """Hash of `pid`'s executable mappings (address, offset, file); None once the process is
-    gone or a zombie (its map is empty)."""
+def _code_lines(pid: int) -> tuple[bytes, ...]:
+    """`pid`'s executable mappings as /proc/PID/maps lines; empty once the process is gone or a
+    zombie (its map is empty)."""
     try:
         with open(f"/proc/{pid}/maps", "rb") as fh:
-            code = tuple(line for line in fh if line.split(maxsplit=2)[1][2:3] == b"x")
+            return tuple(line for line in fh if line.split(maxsplit=2)[1][2:3] == b"x")
     except OSError:
+        return ()
+
+
+def _parse(line: bytes) -> _Mapping | None:
+    """A file-backed mapping line of /proc/PID/maps; None for anonymous ones ([vdso], JIT code)."""
+    fields = line.split(maxsplit=5)
+    if len(fields) < 6 or not fields[5].startswith(b"/"):
         return None
-    return hash(code) if code else None
+    start, end = (int(x, 16) for x in fields[0].split(b"-"))
+    major, minor = (int(x, 16) for x in fields[3].split(b":"))
+    path = fields[5].rstrip(b"\n").decode(errors="replace")
+    return _Mapping(start, end, int(fields[2], 16), path.removesuffix(" (deleted)"),
+                    (os.makedev(major, minor), int(fields[4])))

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from otel_eacgm import events
-from otel_eacgm.bpf_loader import Tail
+from otel_eacgm.bpf_program import Tail
 
 BPF = Path(__file__).resolve().parent.parent / "bpf"
 HEADER = BPF / "events.h"

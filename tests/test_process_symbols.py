@@ -1,4 +1,4 @@
-"""ProcessSymbols against real processes and BCC's real symbolizer (libbcc, no BPF needed).
+"""ProcessSymbols against real processes and the real libcudart's symbol tables (no BPF needed).
 
 The child loads the wheel's libcudart when told to and prints the address of one of its
 functions; the symbolizer must name that address whenever the library was mapped while the
@@ -15,9 +15,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("bcc", reason="BCC's Python module (Debian's python3-bpfcc) is missing")
-
-from otel_eacgm.process_symbols import ProcessSymbols  # noqa: E402
+from otel_eacgm.process_symbols import ProcessSymbols
 
 CUDART = next(Path(sys.prefix).glob("lib/python3*/site-packages/nvidia/cu13/lib/libcudart.so.13"))
 CHILD = f"""
@@ -75,8 +73,7 @@ def test_a_library_mapped_after_the_first_read_is_found_on_a_miss(child: Child, 
 
 
 def _open_files(needle: str) -> list[str]:
-    """This process's open files whose path contains `needle` (BCC reads a gone process's
-    libraries through the files it holds open)."""
+    """This process's open files whose path contains `needle` (shown when a name is missing)."""
     out = []
     for fd in Path("/proc/self/fd").iterdir():
         try:

@@ -1,4 +1,4 @@
-/* Compile-time knobs of calls.bpf.c. They arrive as -D flags from otel_eacgm/bpf_loader.py
+/* Compile-time knobs of calls.bpf.c. They arrive as -D flags from otel_eacgm/bpf_program.py
  * (ProgramOptions.cflags), never by editing the C text; the defaults below are for a bare
  * compile. Run-time settings (which calls become spans, per-probe settings, Python rules) are
  * written by the agent into config maps instead (maps.bpf.h: probe_conf, sample_conf, ...).

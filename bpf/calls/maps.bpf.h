@@ -1,5 +1,5 @@
 /* Every map of calls.bpf.c, by concern. The agent reads and writes them by these names
- * (otel_eacgm/bpf_loader.py), so a name here is part of its interface. Maps can be declared in
+ * (otel_eacgm/bpf_program.py), so a name here is part of its interface. Maps can be declared in
  * a header; operating on them (`inflight.lookup(&k)`) works only in calls.bpf.c itself, which
  * is why the headers reach them through its accessors.
  */

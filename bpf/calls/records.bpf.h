@@ -1,7 +1,7 @@
 /* Records the BPF side keeps for itself (map keys and values the agent does not decode as
  * events; those are in ../events.h). The two enums are indexes the agent uses too: keep
  * eacgm_stat in step with otel_eacgm/events.py (Stat) and eacgm_tail with
- * otel_eacgm/bpf_loader.py (Tail) and otel_eacgm/uprobe_multi.py (cookies).
+ * otel_eacgm/bpf_program.py (Tail) and otel_eacgm/uprobe_multi.py (cookies).
  */
 #ifndef EACGM_CALLS_RECORDS_BPF_H
 #define EACGM_CALLS_RECORDS_BPF_H

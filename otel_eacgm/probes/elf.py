@@ -1,4 +1,4 @@
-"""A small ELF64 (little-endian) reader: dynamic symbols, loadable segments, stapsdt notes.
+"""A small ELF64 (little-endian) reader: symbols, loadable segments, stapsdt notes.
 
 Enough to find probe points without shelling out to readelf/nm and without asking BCC to
 re-read a 400 MB libtorch_cpu.so's symbol table once per symbol: the file is mapped once and
@@ -13,11 +13,15 @@ import mmap
 import struct
 from collections.abc import Iterator
 
+import numpy as np
+
 _EHDR = struct.Struct("<16sHHIQQQIHHHHHH")
 _SHDR = struct.Struct("<IIQQQQIIQQ")
 _PHDR = struct.Struct("<IIQQQQQQ")
 _SYM = struct.Struct("<IBBHQQ")
-_SHT_NOTE, _SHT_DYNSYM, _PT_LOAD = 7, 11, 1
+_SYM_DTYPE = np.dtype([("name", "<u4"), ("info", "u1"), ("other", "u1"), ("shndx", "<u2"), ("value", "<u8"),
+                       ("size", "<u8")])
+_SHT_SYMTAB, _SHT_NOTE, _SHT_DYNSYM, _PT_LOAD = 2, 7, 11, 1
 _STT_FUNC = 2
 _NT_STAPSDT = 3
 
@@ -97,11 +101,46 @@ class ElfFile:
                 return vaddr - p_vaddr + p_offset
         raise ElfError(f"{self.path}: address {vaddr:#x} is in no PT_LOAD segment")
 
+    def vaddr(self, file_offset: int) -> int:
+        """Virtual address of a file offset, through the PT_LOAD segment holding it."""
+        for p_type, _flags, p_offset, p_vaddr, _paddr, p_filesz, _memsz, _align in self.segments:
+            if p_type == _PT_LOAD and p_offset <= file_offset < p_offset + p_filesz:
+                return file_offset - p_offset + p_vaddr
+        raise ElfError(f"{self.path}: file offset {file_offset:#x} is in no PT_LOAD segment")
+
     def dynamic_functions(self, prefix: bytes = b"") -> Iterator[tuple[str, int, int]]:
         """(name, value, size) of defined function symbols in .dynsym whose name starts with `prefix`."""
         sec = next((s for s in self.sections if s.type == _SHT_DYNSYM), None)
         if sec is None:
             return
+        yield from self._functions(sec, prefix)
+
+    def function_table(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every defined function symbol of .symtab and .dynsym, sorted by address, as arrays:
+        values, sizes, and the file offset of each name (`cstr`). Arrays, not objects: a
+        libtorch holds hundreds of thousands of symbols, and a lookup needs one name."""
+        values, sizes, names = [], [], []
+        for sec in self.sections:
+            if sec.type not in (_SHT_SYMTAB, _SHT_DYNSYM):
+                continue
+            syms = np.frombuffer(self._map, _SYM_DTYPE, count=sec.size // _SYM.size, offset=sec.offset)
+            kept = syms[((syms["info"] & 0xF) == _STT_FUNC) & (syms["shndx"] != 0) & (syms["value"] != 0)]
+            del syms  # a view into the mapping: close() would fail while it lives
+            values.append(kept["value"])
+            sizes.append(kept["size"])
+            names.append(kept["name"].astype(np.uint64) + self.sections[sec.link].offset)
+        if not values:
+            empty = np.zeros(0, np.uint64)
+            return empty, empty, empty
+        value, size, name = np.concatenate(values), np.concatenate(sizes), np.concatenate(names)
+        order = np.argsort(value, kind="stable")
+        return value[order], size[order], name[order]
+
+    def cstr(self, offset: int) -> str:
+        """The NUL-terminated string at a file offset (a symbol's name)."""
+        return self._cstr(offset)
+
+    def _functions(self, sec: Section, prefix: bytes) -> Iterator[tuple[str, int, int]]:
         strtab = self.sections[sec.link]
         m = self._map
         for i in range(sec.size // _SYM.size):

@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 # Debian's interpreter: its python3-bpfcc is the only `bcc` (scripts/setup.sh builds .venv on it too).
 SYSTEM_PYTHON = "/usr/bin/python3.11"
 BPF_PACKAGE = PurePosixPath("otel_eacgm/bpf")
-UNITS = ("calls.bpf.c", "net.bpf.c")  # what otel_eacgm/bpf_loader.py and metrics/net_bpf.py compile
+UNITS = ("calls.bpf.c", "net.bpf.c")  # what otel_eacgm/bpf_program.py and metrics/net_bpf.py compile
 WORKLOAD = REPO / "tests/workloads/cuda_nccl_calls.py"
 PLAN = [["cudaMalloc", 2], ["cudaMemcpy", 1], ["cudaLaunchKernel", 3], ["ncclAllReduce", 2],
         ["ncclGroupStart", 1], ["ncclGroupEnd", 1]]
