@@ -53,7 +53,10 @@ def _checkout_copy(dest: Path) -> Path:
                             capture_output=True, check=True).stdout.decode().split("\0")
     for rel in filter(None, listed):
         src = REPO / rel
-        if src.is_file():  # listed but deleted in the worktree: not part of it
+        if src.is_symlink():  # otel_eacgm/bpf -> ../bpf: a link in the checkout, a link in the copy
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            os.symlink(os.readlink(src), dest / rel)
+        elif src.is_file():  # listed but deleted in the worktree: not part of it
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / rel)
     return dest
