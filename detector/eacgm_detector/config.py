@@ -177,6 +177,9 @@ class DetectorConfig(Settings):
             raise ConfigError(f"entity_attributes: {self.entity_attributes!r}, expected a list of names")
         if self.bearer_token is not None and (not self.bearer_token.strip() or not self.bearer_token.isprintable()):
             raise ConfigError("bearer_token: must be non-empty printable text (it travels in a gRPC header)")
+        if self.bearer_token is not None and self.bearer_token != self.bearer_token.strip():
+            # A client's header is read with its blanks stripped, so such a token never matches.
+            raise ConfigError("bearer_token: has blanks at its start or end, which no client can send; remove them")
         return self
 
     def check_listen(self) -> bool:

@@ -118,6 +118,14 @@ def test_a_bad_token_is_not_echoed():
     assert "s3cret" not in str(exc.value)
 
 
+@pytest.mark.parametrize("token", ["s3cret ", " s3cret", "  s3cret  "])
+def test_a_token_with_blanks_at_either_end_is_refused_without_echoing_it(token):
+    """The interceptor strips what a client sends, so such a token could never authenticate."""
+    with pytest.raises(ConfigError, match="bearer_token: has blanks at its start or end") as exc:
+        DetectorConfig(bearer_token=token).validate()
+    assert "s3cret" not in str(exc.value)
+
+
 def test_every_setting_is_documented_where_declared():
     from dataclasses import fields  # noqa: PLC0415
 
