@@ -69,7 +69,6 @@ class RecordPipeline:
 
     def _emit(self, ev: CallEvent, span: ReadableSpan, *, python: bool) -> None:
         self._counters.calls += 1
-        self._discovery.resource_for(ev.pid)
         if self._call_stats is not None:
             self._learn(ev, span, python)
         self._shaper.add(span, call_id=ev.call_id, parent_id=ev.parent_id, pid=ev.pid, tid=ev.tid,
