@@ -16,6 +16,7 @@ live tracepoint fd now and then, silently turning off library discovery.
 from __future__ import annotations
 
 import bisect
+import collections
 import dataclasses
 import os
 
@@ -76,6 +77,7 @@ class ProcessSymbols:
         self._starts: dict[int, list[int]] = {}
         self._code_maps: dict[int, int] = {}  # pid -> hash of its executable mappings when read
         self._tables: dict[tuple[int, int], _SymbolTable | None] = {}  # None: not a readable ELF file
+        self._mappers: collections.Counter[tuple[int, int]] = collections.Counter()  # file -> processes mapping it
 
     def track(self, pid: int) -> None:
         """Read `pid`'s memory map now (if eager and it was not read yet)."""
@@ -108,8 +110,9 @@ class ProcessSymbols:
         """Drop `pid`'s snapshot (it exited), and the symbol tables no other process maps."""
         self._starts.pop(pid, None)
         self._code_maps.pop(pid, None)
-        if self._maps.pop(pid, None) is not None:
-            self._drop_unmapped_tables()
+        maps = self._maps.pop(pid, None)
+        if maps is not None:
+            self._remap({m.file_key for m in maps}, set())
 
     def close(self) -> None:
         """Drop every snapshot and table."""
@@ -123,9 +126,10 @@ class ProcessSymbols:
     def _read(self, pid: int, lines: tuple[bytes, ...]) -> None:
         self._code_maps[pid] = hash(lines) if lines else 0
         maps = sorted((m for m in map(_parse, lines) if m is not None), key=lambda m: m.start)
+        old = {m.file_key for m in self._maps.get(pid, ())}
         self._maps[pid] = maps
         self._starts[pid] = [m.start for m in maps]
-        self._drop_unmapped_tables()
+        self._remap(old, {m.file_key for m in maps})
 
     def _lookup(self, pid: int, addr: int) -> str | None:
         i = bisect.bisect_right(self._starts[pid], addr) - 1
@@ -145,13 +149,18 @@ class ProcessSymbols:
                 self._tables[m.file_key] = None
         return self._tables[m.file_key]
 
-    def _drop_unmapped_tables(self) -> None:
-        mapped = {m.file_key for maps in self._maps.values() for m in maps}
-        for key in [k for k in self._tables if k not in mapped]:
-            table = self._tables.pop(key)
-            if table is not None:
-                table.close()
-
+    def _remap(self, old: set[tuple[int, int]], new: set[tuple[int, int]]) -> None:
+        """One process now maps the files `new` instead of `old`: a table no process maps any
+        longer is closed (counted per file, so a read costs only that process's mappings)."""
+        for key in new - old:
+            self._mappers[key] += 1
+        for key in old - new:
+            self._mappers[key] -= 1
+            if self._mappers[key] == 0:
+                del self._mappers[key]
+                table = self._tables.pop(key, None)
+                if table is not None:
+                    table.close()
 
 def _code_lines(pid: int) -> tuple[bytes, ...]:
     """`pid`'s executable mappings as /proc/PID/maps lines; empty once the process is gone or a
