@@ -26,6 +26,7 @@ static __always_inline __u64 *stats_lookup(int *key) { return stats.lookup(key);
 static __always_inline struct probe_conf *probe_conf_lookup(int *slot) { return probe_conf.lookup(slot); }
 static __always_inline struct probe_conf *py_conf_lookup(int *zero) { return py_conf.lookup(zero); }
 static __always_inline struct sample_conf *sample_conf_lookup(int *zero) { return sample_conf.lookup(zero); }
+static __always_inline __u32 *cycle_gap_lookup(int *zero) { return cycle_gap.lookup(zero); }
 static __always_inline __u8 *targets_lookup(__u32 *tgid) { return targets.lookup(tgid); }
 static __always_inline int targets_update(__u32 *tgid, __u8 *one) { return targets.update(tgid, one); }
 static __always_inline int targets_delete(__u32 *tgid) { return targets.delete(tgid); }

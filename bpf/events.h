@@ -114,7 +114,8 @@ struct probe_conf {
 	__s32 key_arg;      /* call statistics are kept per value of this argument (kernel, communicator) */
 	__s32 count_arg;    /* NCCL: element count; bytes = count * size of the datatype argument */
 	__s32 dtype_arg;
-	__u32 pad1;
+	__u8 cyclable;      /* the guardrail may detach its entry before its return (cycle_gap) */
+	__u8 pad1[3];
 };
 
 /* Call statistics, aggregated here for every call whether or not it is sent to the agent. */

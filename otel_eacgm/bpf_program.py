@@ -22,7 +22,7 @@ from typing import Any
 from otel_eacgm import uprobe_multi
 from otel_eacgm.bpf import SOURCE_DIR
 from otel_eacgm.events import MAX_ARGS, MAX_DEPTH, PY_RULES, CallEvent, PyRule, Stat
-from otel_eacgm.probes.catalog import MAX_SLOTS, ProbeSpec
+from otel_eacgm.probes.catalog import MAX_SLOTS, Layer, ProbeSpec
 
 log = logging.getLogger(__name__)
 
@@ -225,7 +225,12 @@ class CallProgram:
                                                     always_send=int(spec.always_send),
                                                     deref_arg=spec.deref_arg, out_arg=spec.out_arg,
                                                     str_arg=spec.str_arg, key_arg=spec.key_arg,
-                                                    count_arg=spec.count_arg, dtype_arg=spec.dtype_arg)
+                                                    count_arg=spec.count_arg, dtype_arg=spec.dtype_arg,
+                                                    cyclable=int(spec.layer is Layer.TORCH or spec.cyclable))
+
+    def set_cycle_gap(self, on: bool) -> None:
+        """Whether the guardrail has cyclable entries detached while their returns may fire."""
+        self._bpf["cycle_gap"][ctypes.c_int(0)] = ctypes.c_uint32(int(on))
 
     def configure_python(self, usdt_regs: tuple[int, int, int]) -> None:
         """Where py_entry/py_return find function__entry's arguments (pt_regs byte offsets)."""

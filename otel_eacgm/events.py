@@ -58,6 +58,7 @@ class Stat(enum.IntEnum):
     INFLIGHT_FULL = 4
     SAMPLED_OUT = 5
     STATS_FULL = 6
+    CYCLED_RETURN = 7
 
 
 class CallEvent(ctypes.Structure):
@@ -146,7 +147,8 @@ class ProbeConf(ctypes.Structure):
         ("key_arg", ctypes.c_int32),
         ("count_arg", ctypes.c_int32),
         ("dtype_arg", ctypes.c_int32),
-        ("pad1", ctypes.c_uint32),
+        ("cyclable", ctypes.c_uint8),
+        ("pad1", ctypes.c_uint8 * 3),
     ]
 
 

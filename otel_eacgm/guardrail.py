@@ -55,7 +55,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 
 from otel_eacgm.bpf_program import CallStat
-from otel_eacgm.probe_links import GroupKind, ProbeLinks, releases_running
+from otel_eacgm.probe_links import Detached, GroupKind, ProbeLinks, releases_running
 from otel_eacgm.probes.catalog import Layer, ProbeSpec
 
 log = logging.getLogger(__name__)
@@ -89,18 +89,22 @@ class _Cycled:
     attached: bool = True
     exits_attached: bool = True
     since: float = 0.0
-    spans: list[tuple[float, float]] = dataclasses.field(default_factory=list)  # closed attached intervals
+    # closed attached intervals: from the attach to when the detach took effect (probe_links.Detached)
+    spans: list[tuple[float, Callable[[], float | None]]] = dataclasses.field(default_factory=list)
 
     def share(self, t0: float, t1: float) -> float:
         if t1 <= t0:
             return 1.0
-        on = sum(max(0.0, min(b, t1) - max(a, t0)) for a, b in self.spans)
+        on = 0.0
+        for a, stopped_at in self.spans:
+            b = stopped_at()
+            on += max(0.0, min(t1 if b is None else b, t1) - max(a, t0))  # None: still firing at t1
         if self.attached:
             on += max(0.0, t1 - max(self.since, t0))
         return on / (t1 - t0)
 
     def forget_before(self, t: float) -> None:
-        self.spans = [(a, b) for a, b in self.spans if b > t]
+        self.spans = [(a, stopped_at) for a, stopped_at in self.spans if (b := stopped_at()) is None or b > t]
 
 
 def _hits(spec: ProbeSpec | None) -> int:
@@ -124,8 +128,15 @@ class Guardrail:
     """Estimates each process' probe cost and duty-cycles launch and operator probes past the budget."""
 
     def __init__(self, links: ProbeLinks, rows: Mapping[int, ProbeSpec], *, read_stats: Callable[[], list[CallStat]],
-                 budget: float, hit_cost_s: float, period_s: float, min_duty: float, now: float) -> None:
+                 budget: float, hit_cost_s: float, period_s: float, min_duty: float, now: float,
+                 mark_gap: Callable[[bool], None] = lambda _on: None,
+                 clock: Callable[[float], float] = lambda t: t) -> None:
+        """`mark_gap` tells the kernel when cycled entries are detached while their returns may
+        still fire (its returns then count as cycled_returns, not unmatched); `clock` maps
+        monotonic seconds to the guardrail's time (pause_cycle.PauseCycle leaves paused blocks out)."""
         self._links = links
+        self._mark_gap = mark_gap
+        self._clock = clock
         self._read_stats = read_stats
         self._rows = rows
         self.budget = budget
@@ -141,6 +152,7 @@ class Guardrail:
         self.estimates: dict[int, float] = {}    # pid -> estimated cost share with every probe attached
         self._measured: dict[int, deque[float]] = {}  # pid -> its last periods' measured costs per hit, s
         self._at_detach: tuple[float, dict[tuple[int, int], int]] | None = None  # (time, counts) when last detached
+        self._gap_closing = False  # entries were attached again this tick: the gap ends at the next
         self._warned_fixed = False
         self._warned_release = False
         self._warned_cost: set[int] = set()
@@ -348,6 +360,10 @@ class Guardrail:
             self._cycle_start, want, boundary = now, True, True
         else:
             want = now < self._cycle_start + self.duty * period
+        if self._gap_closing:  # a tick after the entries came back, the calls made without them have returned
+            self._gap_closing = False
+            self._mark_gap(False)
+        reattached = False
         for unit, c in self._cycled.items():
             if c.attached == want:
                 if not want and c.exits_attached and unit.exits is not None:
@@ -362,15 +378,27 @@ class Guardrail:
                     self._links.reattach(unit.exits)
                     c.exits_attached = True
                 self._links.reattach(unit.entries)
-                c.since = time.monotonic()
+                c.since = self._clock(time.monotonic())
+                reattached = reattached or unit.exits is not None
             else:
                 t = time.monotonic()
                 if self._at_detach is None:  # the counts the cost measurement splits the period at
-                    self._at_detach = (t, self._totals(self._read_stats()))
-                c.spans.append((c.since, t))
-                self._links.detach(unit.entries)
+                    self._at_detach = (self._clock(t), self._totals(self._read_stats()))
+                if unit.exits is not None:
+                    self._mark_gap(True)
+                detached = self._links.detach(unit.entries)
+                c.spans.append((c.since, self._stopped_at(detached, self._clock(t))))
             c.attached = want
+        self._gap_closing = self._gap_closing or reattached
         return boundary
+
+    def _stopped_at(self, detached: Detached, asked: float) -> Callable[[], float | None]:
+        """When `detached`'s probes stopped firing, in the guardrail's time (None: not yet), no
+        earlier than `asked`, when the guardrail detached them."""
+        def stopped_at() -> float | None:
+            t = detached.stopped_at
+            return None if t is None else max(asked, self._clock(t))
+        return stopped_at
 
     def duties(self) -> dict[str, float]:
         """Share of the time each cycled probe is attached (for the eacgm.agent.probe.duty gauge)."""

@@ -16,6 +16,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -91,6 +92,37 @@ class _Attached:
     handles: list[int | str] = dataclasses.field(default_factory=list)  # link fds, or perf event names
 
 
+class Detached:
+    """What a detach took off, and when its probes stopped firing.
+
+    A link's probes stop when its close begins (the kernel removes the breakpoints first, then
+    synchronises), and the closer thread begins it some time after detach() returned: behind
+    the closes queued before it, each with its synchronisation (tens of milliseconds), and
+    behind the agent's loop for the interpreter lock. The guardrail's attached phases last
+    0.1-0.2 s at low duties, so taking detach()'s own time for their end made them look shorter
+    than they were, and the counts extrapolated from them came out 5-19% high (docs/design.md).
+    """
+
+    def __init__(self, probes: int, closes: int, *, stopped: float | None = None) -> None:
+        """`probes` taken off by `closes` closes still to begin (none: stopped at `stopped`, or now)."""
+        self.probes = probes
+        self._pending = closes
+        self._stopped: float | None = None if closes else (time.monotonic() if stopped is None else stopped)
+        self._lock = threading.Lock()
+
+    def closing(self, t: float) -> None:
+        """One of its closes began at `t` (monotonic seconds)."""
+        with self._lock:
+            self._pending -= 1
+            self._stopped = t if self._stopped is None else max(self._stopped, t)
+
+    @property
+    def stopped_at(self) -> float | None:
+        """When the last of its probes stopped firing; None while a close has yet to begin."""
+        with self._lock:
+            return self._stopped if self._pending <= 0 else None
+
+
 class _LinkCloser:
     """Closes link fds on a thread of its own. Closing a link removes its breakpoints at once and
     then waits for the kernel's synchronisation (tens of milliseconds, more on a busy host): the
@@ -98,12 +130,13 @@ class _LinkCloser:
     must not wait for that."""
 
     def __init__(self) -> None:
-        self._fds: queue.Queue[int] = queue.Queue()
+        self._fds: queue.Queue[tuple[int, Detached | None]] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="eacgm-link-closer", daemon=True)
         self._thread.start()
 
-    def close(self, fd: int) -> None:
-        self._fds.put(fd)
+    def close(self, fd: int, detached: Detached | None = None) -> None:
+        """Close `fd` soon; `detached` learns when its close began."""
+        self._fds.put((fd, detached))
 
     def drain(self) -> None:
         """Wait until every fd handed over is closed."""
@@ -111,7 +144,9 @@ class _LinkCloser:
 
     def _run(self) -> None:
         while True:
-            fd = self._fds.get()
+            fd, detached = self._fds.get()
+            if detached is not None:
+                detached.closing(time.monotonic())
             try:
                 os.close(fd)
             except OSError as exc:
@@ -210,11 +245,13 @@ class ProbeLinks:
         return self._program.attach_perf_uprobe(p.tail, p.slot, group.path, p.offset, pid=group.pid,
                                                 retprobe=p.retprobe, ref_ctr_offset=p.ref_ctr_offset)
 
-    def _close_handles(self, handles: Sequence[int | str]) -> None:
+    def _close_handles(self, handles: Sequence[int | str], detached: Detached | None = None) -> None:
         for h in handles:
             if isinstance(h, int):
-                self._closer.close(h)
+                self._closer.close(h, detached)
             else:
+                if detached is not None:  # removed before detach_perf_uprobe waits in the kernel
+                    detached.closing(time.monotonic())
                 try:
                     self._program.detach_perf_uprobe(h)
                 except BpfError as exc:  # the probe stays attached
@@ -226,17 +263,17 @@ class ProbeLinks:
         if entry is not None:
             self._close_handles(entry.handles)
 
-    def detach(self, kind: GroupKind) -> int:
-        """Detach every group of `kind` (the guardrail's off phase); returns the probes detached.
-        A probe stops firing as soon as its breakpoint is removed, which comes first; the kernel's
-        synchronisation after it is what takes time (one per link, or one per perf probe)."""
-        n = 0
-        for group, entry in self._groups.items():
-            if group.kind is kind and entry.handles:
-                self._close_handles(entry.handles)
-                entry.handles = []
-                n += len(entry.probes)
-        return n
+    def detach(self, kind: GroupKind) -> Detached:
+        """Detach every group of `kind` (the guardrail's off phase): what was taken off, and when
+        it stopped firing. A probe stops as soon as its breakpoint is removed, which comes first;
+        the kernel's synchronisation after it is what takes time (one per link, or one per perf
+        probe)."""
+        groups = [entry for group, entry in self._groups.items() if group.kind is kind and entry.handles]
+        detached = Detached(sum(len(e.probes) for e in groups), sum(len(e.handles) for e in groups))
+        for entry in groups:
+            handles, entry.handles = entry.handles, []
+            self._close_handles(handles, detached)
+        return detached
 
     def reattach(self, kind: GroupKind) -> int:
         """Attach again what detach(kind) took off; returns the probes attached."""

@@ -67,6 +67,7 @@ class AgentTelemetry:
                 f"dropped_export={queue.dropped} dropped_ringbuf={stats[Stat.RINGBUF_DROPS]} "
                 f"export_failures={queue.export_failures} incomplete={self.counters.incomplete} "
                 f"depth_overflow={stats[Stat.DEPTH_OVERFLOW]} unmatched_returns={stats[Stat.UNMATCHED_RETURN]} "
+                f"cycled_returns={stats[Stat.CYCLED_RETURN]} "
                 f"probes={self._links.probe_count} files={len(self._attacher.files)} "
                 f"traces={shaper.traces} split={shaper.split} "
                 f"sampled_out={self.sampled_out(stats)} held={shaper.held}")

@@ -100,7 +100,7 @@ def build_agent(cfg: AgentConfig, command: Sequence[str] | None = None, *, dump_
     # The guardrail measures hit rates from the call statistics, so it needs them.
     guardrail = Guardrail(links, specs, read_stats=program.call_stats, budget=cfg.overhead_budget,
                           hit_cost_s=cfg.probe_hit_cost_us * 1e-6, period_s=cfg.guardrail_period_s,
-                          min_duty=cfg.guardrail_min_duty, now=time.monotonic()) \
+                          min_duty=cfg.guardrail_min_duty, now=time.monotonic(), mark_gap=program.set_cycle_gap) \
         if cfg.overhead_budget > 0 and call_stats is not None else None
     stats_reader = CallStatsReader(program, call_stats, guardrail, metrics_interval_s=cfg.metrics_interval_s,
                                    guardrail_period_s=cfg.guardrail_period_s) if call_stats is not None else None

@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from otel_eacgm.bpf_program import CallStat
-from otel_eacgm.probe_links import GroupKind
+from otel_eacgm.probe_links import Detached, GroupKind
 from otel_eacgm.events import BW_BUCKETS, DUR_BUCKETS
 from otel_eacgm.guardrail import AIM, MIN_ATTACHED_S, RELAX, Guardrail
 from otel_eacgm.probes.catalog import CATALOG, TORCH_SLOTS, torch_spec
@@ -28,9 +28,9 @@ class FakeProgram:
     def call_stats(self) -> list[CallStat]:
         return self.stats
 
-    def detach(self, kind: GroupKind) -> int:
+    def detach(self, kind: GroupKind) -> Detached:
         self.calls.append(("detach", kind))
-        return 1
+        return Detached(1, 0, stopped=float("-inf"))  # took effect when the guardrail asked
 
     def reattach(self, kind: GroupKind) -> int:
         self.calls.append(("attach", kind))
@@ -82,6 +82,35 @@ def test_counts_of_a_cycled_probe_are_scaled_by_its_attached_share(monkeypatch: 
     scale = g.observe([stat("cuLaunchKernel", 110_000)], 12.0)
     # attached 1..7 s of the 11 s window; the probes took 0.2% of those 6 s, a negligible slowdown
     assert scale[(7, SLOT["cuLaunchKernel"])] == pytest.approx(11 / 6, rel=1e-2)
+
+
+def test_an_attached_phase_ends_when_the_detach_took_effect_not_when_it_was_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The link closer begins a close behind earlier closes and their kernel synchronisations:
+    the probes fire until then, and those calls were counted as made in the attached phase."""
+    clock = iter([7.0, 12.0])
+    monkeypatch.setattr("otel_eacgm.guardrail.time.monotonic", lambda: next(clock))
+    g, program = guardrail()
+    late = Detached(1, 1)
+    program.detach = lambda kind: late  # type: ignore[method-assign]
+    g.observe([stat("cuLaunchKernel", 100_000)], 1.0)
+    g.tick(7.0)                    # asked to detach at 7 s
+    late.closing(8.0)              # the close began at 8 s: attached 1..8 s
+    g.tick(12.0)
+    scale = g.observe([stat("cuLaunchKernel", 110_000)], 12.0)
+    assert scale[(7, SLOT["cuLaunchKernel"])] == pytest.approx(11 / 7, rel=1e-2)
+
+
+def test_a_detach_not_yet_in_effect_counts_as_attached(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = iter([7.0, 12.0])
+    monkeypatch.setattr("otel_eacgm.guardrail.time.monotonic", lambda: next(clock))
+    g, program = guardrail()
+    pending = Detached(1, 1)
+    program.detach = lambda kind: pending  # type: ignore[method-assign]
+    g.observe([stat("cuLaunchKernel", 100_000)], 1.0)
+    g.tick(7.0)
+    g.tick(12.0)
+    scale = g.observe([stat("cuLaunchKernel", 110_000)], 12.0)
+    assert (7, SLOT["cuLaunchKernel"]) not in scale  # still firing: attached the whole window
 
 
 def test_a_thread_slowed_by_its_probes_is_extrapolated_at_its_detached_speed(monkeypatch: pytest.MonkeyPatch) -> None:

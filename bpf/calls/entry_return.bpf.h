@@ -92,6 +92,16 @@ static __always_inline int on_entry(struct pt_regs *ctx, __u32 probe_id, const i
 	return 0;
 }
 
+/* A return whose entry the guardrail did not let through: its entries are detached a tick
+ * before its returns and attached again after them, so that every call is seen whole or not
+ * at all, and the calls made in between return with no frame of theirs. */
+static __always_inline int in_cycle_gap(struct probe_conf *conf)
+{
+	int zero = 0;
+	__u32 *gap = cycle_gap_lookup(&zero);
+	return conf->cyclable && gap && *gap;
+}
+
 static __always_inline int on_return(struct pt_regs *ctx, __u32 probe_id)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
@@ -104,7 +114,7 @@ static __always_inline int on_return(struct pt_regs *ctx, __u32 probe_id)
 		return 0;
 	__u32 *dp = depths_lookup(&tid);
 	if (!dp || *dp == 0) {
-		count(STAT_UNMATCHED_RETURN);
+		count(in_cycle_gap(conf) ? STAT_CYCLED_RETURN : STAT_UNMATCHED_RETURN);
 		return 0;
 	}
 	if (conf->exit_probes) {
@@ -115,6 +125,14 @@ static __always_inline int on_return(struct pt_regs *ctx, __u32 probe_id)
 		struct frame *top = *dp <= EACGM_MAX_DEPTH ? inflight_lookup(&top_key) : NULL;
 		if (top && top->sp != PT_REGS_SP(ctx))
 			return 0;
+	} else if (in_cycle_gap(conf)) {
+		/* a uretprobe with no frame of its own: the open frame is its caller's, left alone */
+		struct frame_key top_key = {.tid = tid, .depth = *dp - 1};
+		struct frame *top = *dp <= EACGM_MAX_DEPTH ? inflight_lookup(&top_key) : NULL;
+		if (top && top->probe_id != probe_id) {
+			count(STAT_CYCLED_RETURN);
+			return 0;
+		}
 	}
 	__u32 depth = *dp - 1;
 	if (depth == 0)

@@ -15,7 +15,8 @@ enum eacgm_stat {
 	STAT_INFLIGHT_FULL = 4,   /* inflight map full */
 	STAT_SAMPLED_OUT = 5,     /* call not sent: outside the span sample, fast, succeeded */
 	STAT_STATS_FULL = 6,      /* call_stats map full: the call is missing from the statistics */
-	STAT_COUNT = 7,
+	STAT_CYCLED_RETURN = 7,   /* return of a call entered while the guardrail had its entry detached */
+	STAT_COUNT = 8,
 };
 
 /* The common programs in `tails`: a probe's program stores its slot and tail-calls one. */

@@ -59,3 +59,32 @@ def test_over_budget_operator_probes_are_cycled_and_their_counts_extrapolated(pi
     # the statistics divide what was counted by the attached share of each window
     assert pipeline.store.wait_for(lambda: adds() > 0.75 * made, 15), (adds(), made, captured)
     assert adds() < 1.25 * made, (adds(), made)
+
+
+NESTED_LOOP = f"""
+import json, time, torch
+x, w = torch.zeros(64, 64), torch.ones(64, 64)
+n, end = 0, time.monotonic() + {SECONDS}
+while time.monotonic() < end:
+    torch.nn.functional.linear(x, w).add_(x)  # aten::linear > aten::t, aten::matmul/addmm ...: nested operators
+    n += 1
+print(json.dumps({{"steps": n}}))
+"""
+
+
+def test_returns_in_the_cycle_gap_are_counted_apart_from_unmatched_returns(pipeline) -> None:  # noqa: ANN001
+    """Cycled operator entries are detached a tick before their exit probes and attached again
+    after them, so calls made in between return with no frame: they are `cycled_returns`, not
+    `unmatched_returns`, which stays near zero on a steady loop traced from its start."""
+    wait_for_earlier_releases()
+    env = dict(os.environ, OTEL_EACGM_OVERHEAD_BUDGET="0.001", OTEL_EACGM_PROBE_HIT_COST_US="10",
+               OTEL_EACGM_GUARDRAIL_PERIOD_S="1", OTEL_EACGM_LOG_LEVEL="info", OTEL_EACGM_GPU_METRICS="0",
+               OTEL_EACGM_SPAN_SAMPLE_RATIO="0")
+    cmd = agent_cmd(pipeline.grpc_endpoint, "--layers", "torch", "--", sys.executable, "-c", NESTED_LOOP)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert any("guardrail: probes would cost" in ln for ln in proc.stderr.splitlines()), proc.stderr[-3000:]
+    done = summary(proc.stderr)
+    assert done["cycled_returns"] > 0, done
+    # the guardrail's gaps made hundreds of returns without entries here: none may be called unmatched
+    assert done["unmatched_returns"] <= max(5, done["cycled_returns"] // 20), done

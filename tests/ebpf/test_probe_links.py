@@ -60,7 +60,7 @@ def test_a_detached_group_stops_counting_and_counts_again_once_reattached(multi:
             return sum(s.count for s in program.call_stats() if s.pid == pid and s.probe_id == LAUNCH_SLOT)
 
         assert counted(launches(N)) == N
-        assert links.detach(GroupKind.LAUNCH) == 1
+        assert links.detach(GroupKind.LAUNCH).probes == 1
         assert counted(launches(N)) == 0
         assert links.reattach(GroupKind.LAUNCH) == 1
         assert counted(launches(N)) == N
@@ -98,7 +98,7 @@ def test_a_probe_another_tool_holds_is_left_out_of_the_link_and_of_the_count() -
         group = Group(GroupKind.LAUNCH, lib)
         our_links.attach(group, [Probe(launch, Tail.ENTRY, LAUNCH_SLOT), Probe(sync, Tail.ENTRY, LAUNCH_SLOT)])
         assert our_links.probe_count == 1
-        assert our_links.detach(GroupKind.LAUNCH) == 1
+        assert our_links.detach(GroupKind.LAUNCH).probes == 1
         assert our_links.reattach(GroupKind.LAUNCH) == 1
     finally:
         our_links.release()
