@@ -4,7 +4,8 @@ It builds every workload once, warms each up, then reads one JSON command per li
 answers one JSON line on stdout (lines starting with ``{``; anything else on stdout is noise):
 
     {"cmd": "block", "workload": "gpt_gpu", "steps": 10, "profiler": false}
-    -> {"workload": "gpt_gpu", "times_ms": [...], "t0_ns": ..., "t1_ns": ..., "profiler": false}
+    -> {"workload": "gpt_gpu", "times_ms": [...], "t0_ns": ..., "t1_ns": ..., "bounds_ns": [[start, end], ...],
+        "profiler": false}
     {"cmd": "quit"}
 
 So a driver (benchmarks/overhead_ab.py) can attach the agent to this pid, run blocks, detach it,
@@ -132,14 +133,18 @@ class Workloads:
         self._sync()
 
     def block(self, name: str, steps: int, profiler: bool) -> list[float]:
-        """Wall milliseconds of each of ``steps`` steps (under torch.profiler when asked)."""
+        """Wall milliseconds of each of ``steps`` steps (under torch.profiler when asked); each
+        step's CLOCK_MONOTONIC start and end go to ``self.bounds_ns`` (the agent's pause log
+        uses that clock: benchmarks/overhead_paired.py)."""
         times: list[float] = []
+        self.bounds_ns: list[tuple[int, int]] = []
 
         def run() -> None:
             for _ in range(steps):
-                t0 = time.perf_counter()
+                s0, t0 = time.monotonic_ns(), time.perf_counter()
                 self.step(name)
                 times.append((time.perf_counter() - t0) * 1e3)
+                self.bounds_ns.append((s0, time.monotonic_ns()))
 
         if profiler:
             acts = [torch.profiler.ProfilerActivity.CPU]
@@ -222,6 +227,7 @@ def main() -> None:
             t0 = time.time_ns()
             times = work.block(cmd["workload"], int(cmd["steps"]), bool(cmd.get("profiler")))
             _reply({"workload": cmd["workload"], "times_ms": times, "t0_ns": t0, "t1_ns": time.time_ns(),
+                    "bounds_ns": work.bounds_ns,
                     "profiler": bool(cmd.get("profiler")),
                     "finite": all(math.isfinite(t) for t in times)})
         dist.destroy_process_group()

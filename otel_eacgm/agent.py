@@ -25,6 +25,7 @@ from otel_eacgm.discovery import Discovery
 from otel_eacgm.export import SpanQueue
 from otel_eacgm.launcher import Launcher
 from otel_eacgm.metrics.host import HostMetrics
+from otel_eacgm.pause_cycle import PauseCycle
 from otel_eacgm.probe_links import ProbeLinks
 from otel_eacgm.shaping import TraceShaper
 from otel_eacgm.telemetry import AgentTelemetry
@@ -83,6 +84,7 @@ class Agent:
     scan_interval_s: float
     stats_log_interval_s: float
     export_timeout_s: float
+    pause: PauseCycle | None = None
     _stop: bool = False
 
     def stop(self, *_args: object) -> None:
@@ -92,6 +94,8 @@ class Agent:
     def tasks(self) -> list[Task]:
         """The loop's periodic tasks, in the order they run after each poll."""
         tasks: list[Task] = [self.shaper.tick]
+        if self.pause is not None:
+            tasks.append(self.pause.tick)
         if self.call_stats is not None:
             tasks.append(self.call_stats.tick)
         tasks += [self.discovery.rescan_due, every(self.scan_interval_s, self.discovery.scan_all)]
@@ -144,6 +148,8 @@ class Agent:
         self.meters.shutdown()  # a last collection reads the host sources, so they close after it
         self.host_metrics.close()
         log.info("done: %s", self.telemetry.summary())
+        if self.pause is not None:
+            self.pause.close()
         self.links.release()
         self.program.close()
         self.discovery.symbols.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 from otel_eacgm.bpf_program import CallProgram
 from otel_eacgm.guardrail import Guardrail
 from otel_eacgm.metrics.call_stats import CallStatistics
+from otel_eacgm.pause_cycle import PauseCycle
 
 
 class CallStatsReader:
@@ -18,8 +19,11 @@ class CallStatsReader:
     entries of processes gone for two metric intervals (after their last counts went out)."""
 
     def __init__(self, program: CallProgram, call_stats: CallStatistics, guardrail: Guardrail | None, *,
-                 metrics_interval_s: float, guardrail_period_s: float) -> None:
+                 metrics_interval_s: float, guardrail_period_s: float, pause: PauseCycle | None = None) -> None:
+        """With `pause`, nothing is read while the probes are paused, and the guardrail runs on
+        the traced time (pause_cycle.py)."""
         self._program = program
+        self._pause = pause
         self._call_stats = call_stats
         self._guardrail = guardrail
         self._keep_s = 2 * metrics_interval_s
@@ -39,17 +43,22 @@ class CallStatsReader:
 
     def tick(self, now: float) -> None:
         """The guardrail's tick, then a read if one is due."""
-        period_done = self._guardrail.tick(now) if self._guardrail is not None else False
+        if self._pause is not None and self._pause.paused:
+            return
+        period_done = self._guardrail.tick(self._clock(now)) if self._guardrail is not None else False
         cycling = self._guardrail is not None and self._guardrail.cycling
         if period_done if cycling else now >= self._next:
             self._next = now + self._every_s
             self.read(now)
 
+    def _clock(self, now: float) -> float:
+        return self._pause.traced_time(now) if self._pause is not None else now
+
     def read(self, now: float) -> None:
         """Fold the entries into the snapshot now; free those of processes gone long enough."""
         gone = {pid for t, pid in self._forget if t <= now}
         entries = self._program.call_stats()
-        scale = self._guardrail.observe(entries, now) if self._guardrail is not None else None
+        scale = self._guardrail.observe(entries, self._clock(now)) if self._guardrail is not None else None
         self._call_stats.update(entries, scale)
         if gone:
             self._forget = [(t, pid) for t, pid in self._forget if pid not in gone]

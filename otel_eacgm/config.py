@@ -143,6 +143,12 @@ class AgentConfig(Settings):
     """Duty-cycle period of probes the guardrail throttles (longer when the duty is below 0.25 s / period)."""
     guardrail_min_duty: float = 0.05
     """A throttled probe stays attached at least this share of each period."""
+    # measuring the agent's own overhead (otel_eacgm/pause_cycle.py)
+    pause_cycle_s: float = 0.0
+    """Measurement mode: pause every probe and resume it in alternating blocks of this many seconds (0: off), so that
+    one run compares a job's steps with and without probes (benchmarks/overhead_paired.py)."""
+    pause_cycle_log: str = ""
+    """File the pause cycle appends each switch to: JSON lines with its CLOCK_MONOTONIC start and end in ns."""
     stats_log_interval_s: float = 30.0
     """Interval of the agent's summary log line (0: only at exit)."""
     log_level: str = "info"
@@ -189,6 +195,8 @@ class AgentConfig(Settings):
                               f"{self.guardrail_period_s} must be > 0")
         if not 0.0 < self.guardrail_min_duty <= 1.0:
             raise ConfigError(f"guardrail_min_duty {self.guardrail_min_duty} must be in (0, 1]")
+        if self.pause_cycle_s and self.pause_cycle_s < 0.2 or self.pause_cycle_s < 0:
+            raise ConfigError(f"pause_cycle_s {self.pause_cycle_s} must be 0 (off) or >= 0.2")
         if self.max_kernel_names < 0:
             raise ConfigError(f"max_kernel_names {self.max_kernel_names} must be >= 0")
         if self.queue_size < self.batch_size or self.batch_size <= 0:

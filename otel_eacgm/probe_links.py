@@ -64,6 +64,10 @@ class GroupKind(str, enum.Enum):
     PYTHON = "python"          # CPython's function__entry/function__return USDT probes
 
 
+_EXIT_KINDS = frozenset({GroupKind.TORCH_EXIT, GroupKind.ENQUEUE_RETURN})  # returns of entries grouped apart
+_ENTRY_KINDS = frozenset(GroupKind) - _EXIT_KINDS
+
+
 @dataclasses.dataclass(frozen=True)
 class Probe:
     """One probe point of a file."""
@@ -90,6 +94,7 @@ class _Attached:
 
     probes: tuple[Probe, ...]
     handles: list[int | str] = dataclasses.field(default_factory=list)  # link fds, or perf event names
+    wanted: bool = True  # attached unless paused (detach/reattach set it; pause/resume keep it)
 
 
 class Detached:
@@ -162,6 +167,7 @@ class ProbeLinks:
         self._program = program
         self._groups: dict[Group, _Attached] = {}
         self._closer = _LinkCloser()
+        self._paused = False
 
     @property
     def multi_links(self) -> bool:
@@ -174,6 +180,9 @@ class ProbeLinks:
         if not probes:
             return
         entry = self._groups.setdefault(group, _Attached(()))
+        if self._paused and not entry.handles:  # attached by resume()
+            entry.probes += tuple(probes)
+            return
         try:
             handles, attached = self._attach_now(group, probes)
             entry.handles += handles
@@ -268,6 +277,9 @@ class ProbeLinks:
         it stopped firing. A probe stops as soon as its breakpoint is removed, which comes first;
         the kernel's synchronisation after it is what takes time (one per link, or one per perf
         probe)."""
+        for group, entry in self._groups.items():
+            if group.kind is kind:
+                entry.wanted = False
         groups = [entry for group, entry in self._groups.items() if group.kind is kind and entry.handles]
         detached = Detached(sum(len(e.probes) for e in groups), sum(len(e.handles) for e in groups))
         for entry in groups:
@@ -276,16 +288,49 @@ class ProbeLinks:
         return detached
 
     def reattach(self, kind: GroupKind) -> int:
-        """Attach again what detach(kind) took off; returns the probes attached."""
+        """Attach again what detach(kind) took off (when resumed, if paused); returns the probes attached."""
         n = 0
         for group, entry in self._groups.items():
-            if group.kind is kind and not entry.handles:
+            if group.kind is not kind:
+                continue
+            entry.wanted = True
+            if not entry.handles and not self._paused:
                 try:
                     entry.handles, attached = self._attach_now(group, entry.probes)
                     entry.probes = tuple(attached)
                     n += len(attached)
                 except BpfError as exc:
                     log.warning("re-attaching %s probes of %s failed: %s", kind.value, group.path, exc)
+        return n
+
+    def pause(self) -> int:
+        """Detach every probe until resume(), whatever detach/reattach ask meanwhile (the paired
+        overhead measurement, pause_cycle.py); returns once they have stopped firing and the
+        kernel has synchronised, with the probes detached."""
+        self._paused = True
+        n = 0
+        for kinds in (_ENTRY_KINDS, _EXIT_KINDS):  # entries first: a call is seen whole or not at all
+            for group, entry in self._groups.items():
+                if group.kind in kinds and entry.handles:
+                    handles, entry.handles = entry.handles, []
+                    self._close_handles(handles)
+                    n += len(entry.probes)
+        self._closer.drain()
+        return n
+
+    def resume(self) -> int:
+        """Attach again what pause() took off and is wanted (returns first); returns the probes attached."""
+        self._paused = False
+        n = 0
+        for kinds in (_EXIT_KINDS, _ENTRY_KINDS):
+            for group, entry in self._groups.items():
+                if group.kind in kinds and entry.wanted and not entry.handles:
+                    try:
+                        entry.handles, attached = self._attach_now(group, entry.probes)
+                        entry.probes = tuple(attached)
+                        n += len(attached)
+                    except BpfError as exc:
+                        log.warning("resuming %s probes of %s failed: %s", group.kind.value, group.path, exc)
         return n
 
     @property

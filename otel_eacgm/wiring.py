@@ -10,6 +10,7 @@ import os
 import socket
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.export import SpanExporter
@@ -28,6 +29,7 @@ from otel_eacgm.export import ProducingMetricExporter, SpanQueue, meter_provider
 from otel_eacgm.guardrail import Guardrail
 from otel_eacgm.kernel_names import KernelNames
 from otel_eacgm.launcher import Launcher
+from otel_eacgm.pause_cycle import PauseCycle
 from otel_eacgm.metrics.call_stats import CallStatistics
 from otel_eacgm.metrics.host import start_host_metrics
 from otel_eacgm.perfetto import NullMetricExporter, PerfettoExporter, TeeSpanExporter
@@ -97,13 +99,17 @@ def build_agent(cfg: AgentConfig, command: Sequence[str] | None = None, *, dump_
     kernel_names = KernelNames(symbols.resolve)
     call_stats = CallStatistics(specs, kernel_names, error_type, max_kernel_names=cfg.max_kernel_names) \
         if cfg.call_metrics and metered else None
+    pause = PauseCycle(links, cfg.pause_cycle_s, Path(cfg.pause_cycle_log) if cfg.pause_cycle_log else None) \
+        if cfg.pause_cycle_s else None
     # The guardrail measures hit rates from the call statistics, so it needs them.
     guardrail = Guardrail(links, specs, read_stats=program.call_stats, budget=cfg.overhead_budget,
                           hit_cost_s=cfg.probe_hit_cost_us * 1e-6, period_s=cfg.guardrail_period_s,
-                          min_duty=cfg.guardrail_min_duty, now=time.monotonic(), mark_gap=program.set_cycle_gap) \
+                          min_duty=cfg.guardrail_min_duty, now=time.monotonic(), mark_gap=program.set_cycle_gap,
+                          clock=pause.traced_time if pause is not None else lambda t: t) \
         if cfg.overhead_budget > 0 and call_stats is not None else None
     stats_reader = CallStatsReader(program, call_stats, guardrail, metrics_interval_s=cfg.metrics_interval_s,
-                                   guardrail_period_s=cfg.guardrail_period_s) if call_stats is not None else None
+                                   guardrail_period_s=cfg.guardrail_period_s, pause=pause) \
+        if call_stats is not None else None
     discovery = Discovery(program=program, attacher=attacher, symbols=symbols, kernel_names=kernel_names,
                           filtering=filtering, cgroup=cfg.cgroup, host_name=host,
                           resource_command_line=cfg.resource_command_line,
@@ -146,4 +152,4 @@ def build_agent(cfg: AgentConfig, command: Sequence[str] | None = None, *, dump_
                  launcher=Launcher(command, log_arguments=cfg.resource_command_line) if command else None, pids=list(cfg.pids),
                  ready_line=f"layers {','.join(cfg.layers)}, launches at {cfg.launch_layer}; {_targets(cfg, command)}",
                  scan_interval_s=cfg.scan_interval_s, stats_log_interval_s=cfg.stats_log_interval_s,
-                 export_timeout_s=cfg.export_timeout_s)
+                 export_timeout_s=cfg.export_timeout_s, pause=pause)
