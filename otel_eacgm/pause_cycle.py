@@ -20,6 +20,7 @@ import bisect
 import json
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
@@ -33,8 +34,13 @@ MIN_BLOCK_S = 0.2  # a pause and a resume take tens of milliseconds each
 class PauseCycle:
     """Pauses and resumes every probe every `block_s` seconds; logs each switch."""
 
-    def __init__(self, links: ProbeLinks, block_s: float, log_path: Path | None, now: float | None = None) -> None:
+    def __init__(self, links: ProbeLinks, block_s: float, log_path: Path | None, now: float | None = None,
+                 mark_gap: Callable[[bool], None] = lambda _on: None) -> None:
+        """`mark_gap` tells the kernel when returns may come without their entries: from a
+        pause until a tick after the resume (they count as cycled_returns then)."""
         self._links = links
+        self._mark_gap = mark_gap
+        self._gap_closing = False
         self.block_s = block_s
         self._log: TextIO | None = log_path.open("a", encoding="utf-8") if log_path else None
         self._next = float("inf") if now is None else now + block_s  # None: from the first tick
@@ -48,10 +54,16 @@ class PauseCycle:
         """Switch between paused and traced when the block is over."""
         if self._next == float("inf"):
             self._next = now + self.block_s
+        if self._gap_closing:  # the calls in flight at the resume have returned
+            self._gap_closing = False
+            self._mark_gap(False)
         if now < self._next:
             return
         start_ns = time.monotonic_ns()
+        if not self.paused:
+            self._mark_gap(True)
         probes = self._links.resume() if self.paused else self._links.pause()
+        self._gap_closing = self.paused
         end_ns = time.monotonic_ns()
         if self.paused:  # the probes fire again from the resume's end: paused until its start
             self._starts.append(self._paused_since)

@@ -99,8 +99,8 @@ def build_agent(cfg: AgentConfig, command: Sequence[str] | None = None, *, dump_
     kernel_names = KernelNames(symbols.resolve)
     call_stats = CallStatistics(specs, kernel_names, error_type, max_kernel_names=cfg.max_kernel_names) \
         if cfg.call_metrics and metered else None
-    pause = PauseCycle(links, cfg.pause_cycle_s, Path(cfg.pause_cycle_log) if cfg.pause_cycle_log else None) \
-        if cfg.pause_cycle_s else None
+    pause = PauseCycle(links, cfg.pause_cycle_s, Path(cfg.pause_cycle_log) if cfg.pause_cycle_log else None,
+                       mark_gap=lambda on: program.set_cycle_gap(on, every_probe=True)) if cfg.pause_cycle_s else None
     # The guardrail measures hit rates from the call statistics, so it needs them.
     guardrail = Guardrail(links, specs, read_stats=program.call_stats, budget=cfg.overhead_budget,
                           hit_cost_s=cfg.probe_hit_cost_us * 1e-6, period_s=cfg.guardrail_period_s,

@@ -94,12 +94,13 @@ static __always_inline int on_entry(struct pt_regs *ctx, __u32 probe_id, const i
 
 /* A return whose entry the guardrail did not let through: its entries are detached a tick
  * before its returns and attached again after them, so that every call is seen whole or not
- * at all, and the calls made in between return with no frame of theirs. */
+ * at all, and the calls made in between return with no frame of theirs. cycle_gap is 1 while
+ * the guardrail's cyclable probes are in that gap, 2 while every probe is (the pause cycle). */
 static __always_inline int in_cycle_gap(struct probe_conf *conf)
 {
 	int zero = 0;
 	__u32 *gap = cycle_gap_lookup(&zero);
-	return conf->cyclable && gap && *gap;
+	return gap && (*gap == 2 || (*gap == 1 && conf->cyclable));
 }
 
 static __always_inline int on_return(struct pt_regs *ctx, __u32 probe_id)

@@ -15,7 +15,8 @@ BPF_ARRAY(stats, __u64, STAT_COUNT);
 BPF_ARRAY(probe_conf, struct probe_conf, EACGM_PROBE_SLOTS);
 BPF_ARRAY(py_conf, struct probe_conf, 1); /* usdt_reg of the interpreters' function probes */
 BPF_ARRAY(sample_conf, struct sample_conf, 1);
-/* 1 while the guardrail has cyclable entries detached and their returns may still fire. */
+/* 1 while the guardrail has cyclable entries detached and their returns may still fire; 2
+ * while the pause cycle has every probe in that state. */
 BPF_ARRAY(cycle_gap, __u32, 1);
 
 /* Process targets (EACGM_FILTER_PIDS): the agent adds tgids, forks add children, exits remove. */
