@@ -26,6 +26,7 @@ import argparse
 import json
 import math
 import random
+import re
 import statistics
 import sys
 import time
@@ -117,17 +118,28 @@ def run(work: Workload, workload: str, config: str, args: argparse.Namespace, en
     return row
 
 
+def last_duty(guardrail_lines: list[str]) -> float:
+    """The share of the time the cycled probes were attached at the end: the guardrail's last
+    decision ("attached 12% of each 2 s", or "attached all the time" once within the budget)."""
+    for line in reversed(guardrail_lines):
+        if m := re.search(r"attached (\d+)% of each", line):
+            return int(m.group(1)) / 100
+        if "attached all the time" in line:
+            return 1.0
+    return 1.0
+
+
 def report(rows: list[dict]) -> str:
     def f(v: float | None, d: int = 3) -> str:
         return "-" if v is None else f"{v:.{d}f}"
     table = markdown_table(
         ["workload", "config", "pairs", "steps traced / paused", "median step ms traced / paused",
-         "pair ratio median", "geo-mean ratio [95% CI]", "agent CPU", "guardrail (last decision)"],
+         "pair ratio median", "geo-mean ratio [95% CI]", "agent CPU", "cycled probes' duty at the end"],
         [[r["workload"], r["config"], r["pairs"], f"{r['traced_steps']} / {r['paused_steps']}",
           f"{f(r['median_traced_ms'], 2)} / {f(r['median_paused_ms'], 2)}", f(r.get("median_ratio")),
           f"{f(r.get('geo_mean_ratio'))} [{f(r.get('ci_low'))}, {f(r.get('ci_high'))}]",
           f"{100 * r['agent_cpu_share']:.0f}%" if r["agent_cpu_share"] is not None else "-",
-          (r["guardrail"][-1][:90] if r["guardrail"] else "none")] for r in rows])
+          f"{100 * last_duty(r['guardrail']):.0f}%"] for r in rows])
     counters = markdown_table(
         ["workload", "config", "calls", "unmatched_returns", "cycled_returns", "dropped_ringbuf", "dropped_export"],
         [[r["workload"], r["config"], *(r["done"].get(k) for k in ("calls", "unmatched_returns", "cycled_returns",
