@@ -18,11 +18,16 @@ from __future__ import annotations
 import bisect
 import collections
 import dataclasses
+import logging
 import os
 
 import numpy as np
 
 from otel_eacgm.probes.elf import ElfError, ElfFile
+
+log = logging.getLogger(__name__)
+
+_MISSES_LOGGED = 10  # per process: the first misses say where the address fell (DEBUG)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +83,7 @@ class ProcessSymbols:
         self._code_maps: dict[int, int] = {}  # pid -> hash of its executable mappings when read
         self._tables: dict[tuple[int, int], _SymbolTable | None] = {}  # None: not a readable ELF file
         self._mappers: collections.Counter[tuple[int, int]] = collections.Counter()  # file -> processes mapping it
+        self._misses: collections.Counter[int] = collections.Counter()  # pid -> misses logged
 
     def track(self, pid: int) -> None:
         """Read `pid`'s memory map now (if eager and it was not read yet)."""
@@ -104,12 +110,26 @@ class ProcessSymbols:
         name = self._lookup(pid, addr)
         if name is None and self.refresh(pid):  # the library may be newer than the map last read
             name = self._lookup(pid, addr)
+        if name is None and self._misses[pid] < _MISSES_LOGGED and log.isEnabledFor(logging.DEBUG):
+            self._misses[pid] += 1
+            log.debug("no symbol for 0x%x in pid %d: %s", addr, pid, self._where(pid, addr))
         return name
+
+    def _where(self, pid: int, addr: int) -> str:
+        """Where `addr` fell in `pid`'s snapshot, for the log line of a miss."""
+        i = bisect.bisect_right(self._starts.get(pid, []), addr) - 1
+        if i < 0 or addr >= self._maps[pid][i].end:
+            return f"in no executable file mapping of the {len(self._maps.get(pid, ()))} read"
+        m = self._maps[pid][i]
+        table = self._table(m)
+        state = "no readable ELF symbol table" if table is None else "no function symbol covers it"
+        return f"{m.path} at file offset 0x{addr - m.start + m.offset:x} ({state})"
 
     def forget(self, pid: int) -> None:
         """Drop `pid`'s snapshot (it exited), and the symbol tables no other process maps."""
         self._starts.pop(pid, None)
         self._code_maps.pop(pid, None)
+        self._misses.pop(pid, None)
         maps = self._maps.pop(pid, None)
         if maps is not None:
             self._remap({m.file_key for m in maps}, set())
