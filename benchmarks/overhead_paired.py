@@ -101,6 +101,9 @@ def run(work: Workload, workload: str, config: str, args: argparse.Namespace, en
     stopped = agent.stop()
     wait_gone(stopped["release_pid"], args.release_timeout)
     switches = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    # whole lines: the duty is at the end of a decision, past what Agent.stop keeps of each
+    decisions = [ln.split("guardrail: ", 1)[1] for ln in agent.log_path.read_text(errors="replace").splitlines()
+                 if "guardrail: " in ln]
     blocks = blocks_of(bounds, switches)
     ratios = pair_ratios(blocks)
     row = {"workload": workload, "config": config, "steps": len(bounds), "pairs": len(ratios),
@@ -108,7 +111,7 @@ def run(work: Workload, workload: str, config: str, args: argparse.Namespace, en
            "paused_steps": sum(len(s) for st, s in blocks if st == "paused"),
            "median_traced_ms": med([x for st, s in blocks if st == "traced" for x in s]),
            "median_paused_ms": med([x for st, s in blocks if st == "paused" for x in s]),
-           "ratios": ratios, "switches": len(switches), "guardrail": stopped["guardrail"], "done": stopped["done"],
+           "ratios": ratios, "switches": len(switches), "guardrail": decisions, "done": stopped["done"],
            "agent_cpu_share": (cpu1[0] - cpu0[0]) / args.seconds if cpu0 and cpu1 else None}
     if len(ratios) >= 3:
         row["median_ratio"] = statistics.median(ratios)
