@@ -96,6 +96,9 @@ def _run_agent(args: argparse.Namespace) -> int:
     except (BpfError, PermissionError, ValueError) as exc:
         print(f"otel-eacgm agent: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C while BCC compiles: no probe is attached before run()
+        print("otel-eacgm agent: interrupted while starting; nothing was traced", file=sys.stderr)
+        return 130
     return agent.run()
 
 
