@@ -24,6 +24,7 @@ class FakeProgram:
         self.multi_links = multi_links
         self.calls: list[tuple[str, GroupKind]] = []
         self.stats: list[CallStat] = []  # what call_stats() reads (at a detach)
+        self.scales: list[dict] = []  # what the guardrail's observe() returned, in order
 
     def call_stats(self) -> list[CallStat]:
         return self.stats
@@ -268,7 +269,8 @@ def _cycled_periods(monkeypatch: pytest.MonkeyPatch, *sync_attached_per_s: int) 
         g.tick(6.0 + 10 * i)
         assert g.tick(11.0 + 10 * i) is True
         syncs += 5 * 1_000
-        g.observe([stat("cuLaunchKernel", launches), stat("cuStreamSynchronize", syncs)], 11.0 + 10 * i)
+        program.scales.append(g.observe([stat("cuLaunchKernel", launches), stat("cuStreamSynchronize", syncs)],
+                                        11.0 + 10 * i))
     return g, program
 
 
@@ -288,6 +290,17 @@ def test_a_process_its_probes_do_not_slow_keeps_the_configured_cost(monkeypatch:
     g, _ = _cycled_periods(monkeypatch, 1_000, 1_000)
     assert g.hit_cost(7) == 1e-6
     assert g.hit_costs() == {7: 1e-6}  # measured (0 slowdown), the configured cost in use
+
+
+def test_the_slowdown_correction_uses_the_measured_cost_even_below_the_floor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not slowed by its probes (measured 0 us a hit, floor 1 us): the counts of an attached
+    phase are the rate of the whole window, extrapolated by the attached share alone. With the
+    floor, 100k launch hits/s would have read as 10% slower while attached."""
+    g, program = _cycled_periods(monkeypatch, 1_000, 1_000, 1_000)
+    assert g.hit_cost(7) == 1e-6  # the duty stays cautious
+    share = 5 / 10  # attached 5 s of each 10 s period
+    assert program.scales[-1][(7, SLOT["cuLaunchKernel"])] == pytest.approx(1 / share)
+    assert program.scales[0][(7, SLOT["cuLaunchKernel"])] > 1.05 / share  # one period: the floor still
 
 
 def test_one_period_measures_nothing_yet(monkeypatch: pytest.MonkeyPatch) -> None:
