@@ -19,7 +19,7 @@ from eacgm_detector.exporter import OtlpExporter
 from eacgm_detector.pipeline import Detector
 from eacgm_detector.records import attributes, entity_label, entity_of
 from eacgm_detector.service import DetectorService
-from detector_recording import SEC, T0, recording, send
+from eacgm_testkit.recording import SEC, T0, recording, send
 
 RANKS = [0, 1, 2, 3, 4, 5]
 ANOMALIES = {110: "latency", 120: "gpu", 130: "bandwidth"}
