@@ -17,7 +17,7 @@ def _run(log_dir: Path, n: int) -> tuple[dict[tuple[str, str, int], Scored], set
     with scaleout(log_dir, n) as stack:
         stack.run_agents(WINDOWS, pace_s=0.1)
         stack.flush()
-        assert stack.counter("otelcol_exporter_send_failed_spans") == 0
+        assert stack.dropped() == {"traces": 0, "metrics": 0}
         return stack.scored(), stack.anomalies()
 
 

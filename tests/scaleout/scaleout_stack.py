@@ -8,8 +8,10 @@ process on loopback:
 The gateway runs collector-config/gateway-loadbalancing.yaml, the replicas
 tests/fixtures/detector-scaleout.yaml, each named by its instance_id (service.instance.id on
 its output) so the store shows which replica scored which entity. Shutdown waits on the
-gateway's counters: the replicas are stopped (which scores their open windows) once the gateway
-has handed them, or given up on, every span the agents sent.
+gateway's counters and then on the store: the replicas are stopped (which scores their open
+windows) once the gateway has taken every span the agents sent and the replicas' output has
+stopped growing (the gateway's counters count a batch as sent once it is in its replica's
+queue, not once the replica has it).
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,6 +85,15 @@ class ScaleOut:
         """The gateway's own counter of the loadbalancing exporter."""
         return collector_counter(self.gateway_metrics, metric, LB)
 
+    def outcomes(self) -> dict[str, float]:
+        """The gateway's otelcol_loadbalancer_backend_outcome, summed over replicas, by success."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.gateway_metrics}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+        out = {"true": 0.0, "false": 0.0}
+        for ok, v in re.findall(r'^otelcol_loadbalancer_backend_outcome{[^}]*success="(\w+)"[^}]*} (\S+)$', text, re.M):
+            out[ok] += float(v)
+        return out
+
     def run_agents(self, windows: int, pace_s: float, during: Callable[[], None] | None = None) -> float:
         """Run the simulated agents to the end (``during`` runs meanwhile); their wall time."""
         t0 = time.monotonic()
@@ -99,15 +112,32 @@ class ScaleOut:
                 self.sent[key] += n
         return time.monotonic() - t0
 
-    def flush(self, timeout_s: float = 120) -> None:
-        """Wait until the gateway sent (or gave up on) every span and point the agents sent, then
-        stop the replicas (each scores its open windows and flushes) and the backends collector."""
-        def settled() -> bool:
-            spans = self.counter("otelcol_exporter_sent_spans") + self.counter("otelcol_exporter_send_failed_spans")
-            points = (self.counter("otelcol_exporter_sent_metric_points")
-                      + self.counter("otelcol_exporter_send_failed_metric_points"))
-            return spans >= self.sent["spans"] and points >= self.sent["points"]
-        wait_until(settled, timeout_s, f"the gateway to hand on {self.sent['spans']} spans")
+    def dropped(self) -> dict[str, int]:
+        """Items the gateway dropped per signal once a replica's retries ran out, from its log:
+        the replicas' exporters (one per replica, inside loadbalancing) log each drop, and count
+        it in no metric of the gateway's."""
+        out = {"traces": 0, "metrics": 0}
+        for line in self.gateway.log.read_text(errors="replace").splitlines():
+            if "Dropping data" in line and (m := re.search(r'"otelcol.signal": "(\w+)".*"dropped_items": (\d+)', line)):
+                out[m[1]] += int(m[2])
+        return out
+
+    def flush(self, timeout_s: float = 120, quiet_s: float = 3.0) -> None:
+        """Wait until the gateway took every span and point the agents sent and the store has
+        received nothing new for quiet_s, then stop the replicas (each scores its open windows
+        and flushes) and the backends collector."""
+        def taken() -> bool:
+            return (self.counter("otelcol_exporter_sent_spans") >= self.sent["spans"]
+                    and self.counter("otelcol_exporter_sent_metric_points") >= self.sent["points"])
+        wait_until(taken, timeout_s, f"the gateway to take {self.sent['spans']} spans")
+        seen = [-1, time.monotonic()]
+
+        def quiet() -> bool:
+            n = len(self.store.traces) + len(self.store.metrics)
+            if n != seen[0]:
+                seen[:] = [n, time.monotonic()]
+            return time.monotonic() - seen[1] >= quiet_s
+        wait_until(quiet, timeout_s, "the replicas' output to settle")
         for svc in self.replicas:
             assert svc.stop(60) == 0, svc.tail()
         assert self.backends.stop() == 0, self.backends.tail()
