@@ -122,10 +122,11 @@ class ScaleOut:
                 out[m[1]] += int(m[2])
         return out
 
-    def flush(self, timeout_s: float = 120, quiet_s: float = 3.0) -> None:
+    def flush(self, timeout_s: float = 120, quiet_s: float = 3.0) -> float:
         """Wait until the gateway took every span and point the agents sent and the store has
         received nothing new for quiet_s, then stop the replicas (each scores its open windows
-        and flushes) and the backends collector."""
+        and flushes) and the backends collector. Returns when (time.monotonic()) the store last
+        received something before the stop."""
         def taken() -> bool:
             return (self.counter("otelcol_exporter_sent_spans") >= self.sent["spans"]
                     and self.counter("otelcol_exporter_sent_metric_points") >= self.sent["points"])
@@ -141,6 +142,7 @@ class ScaleOut:
         for svc in self.replicas:
             assert svc.stop(60) == 0, svc.tail()
         assert self.backends.stop() == 0, self.backends.tail()
+        return seen[1]
 
     def scored(self) -> dict[tuple[str, str, int], Scored]:
         """(host.name, process.pid, window start) -> its score and the replica that scored it."""
