@@ -9,11 +9,18 @@ from datetime import datetime, timezone
 
 
 def query(base: str, logsql: str, start_ns: int, end_ns: int, limit: int = 1000) -> list[dict]:
-    """POST /select/logsql/query: the records matching logsql with _time in [start, end]."""
-    body = urllib.parse.urlencode({"query": logsql, "start": f"{start_ns / 1e9:.9f}", "end": f"{end_ns / 1e9:.9f}",
+    """POST /select/logsql/query: the records matching logsql with _time in [start, end] (the
+    API's end is exclusive)."""
+    body = urllib.parse.urlencode({"query": logsql, "start": _rfc3339(start_ns), "end": _rfc3339(end_ns + 1),
                                    "limit": limit}).encode()
     with urllib.request.urlopen(f"{base}/select/logsql/query", data=body, timeout=10) as resp:
         return [json.loads(line) for line in resp.read().decode().splitlines() if line.strip()]
+
+
+def _rfc3339(ns: int) -> str:
+    """RFC 3339 with nanoseconds, in UTC: VictoriaLogs reads a unix time in whole seconds only
+    (the .5 s of a window's end would be cut off)."""
+    return datetime.fromtimestamp(ns // 10**9, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S") + f".{ns % 10**9:09d}Z"
 
 
 def _utc(ns: int) -> str:
