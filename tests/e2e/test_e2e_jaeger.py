@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 
