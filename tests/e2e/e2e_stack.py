@@ -130,9 +130,10 @@ class Run:
 
 
 def start_zipkin(port: int, env: dict[str, str], log_dir: Path) -> Service:
-    """Zipkin's server (in-memory storage, Lens UI) on 127.0.0.1:port."""
+    """Zipkin's server (in-memory storage, Lens UI) on port (QUERY_PORT; it listens on every
+    interface: the tests reach it on loopback)."""
     return Service("zipkin", ["java", "-Xmx512m", "-jar", str(zipkin_jar())],
-                   dict(env, QUERY_PORT=str(port), QUERY_ADDRESS="127.0.0.1"), log_dir)
+                   dict(env, QUERY_PORT=str(port)), log_dir)
 
 
 def start_victorialogs(port: int, env: dict[str, str], log_dir: Path) -> Service:

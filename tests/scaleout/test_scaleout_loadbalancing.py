@@ -52,8 +52,8 @@ def test_a_killed_replica_loses_its_entities_state_and_the_batches_retries_gave_
     """Replica 0 is killed (SIGKILL) once it has scored a window, and restarted on its port once
     the gateway has given up on a batch for it. The static resolver keeps it in the ring: its
     entities are never re-routed; their batches are retried (1 s each here), then dropped and
-    counted; what waited in the queue reaches the restarted replica, which starts its entities
-    over (a new warm-up). The other replicas' entities are untouched."""
+    logged; the restarted replica gets its entities' data again and starts them over (a new
+    warm-up). The other replicas' entities are untouched."""
     reference, _ = one_replica
     marks: dict[str, float] = {}
     with scaleout(tmp_path, 3, retry_max_elapsed="1s") as stack:
