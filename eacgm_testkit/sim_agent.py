@@ -27,6 +27,15 @@ from eacgm_testkit.recording import send, window_requests
 FAULT_KINDS = ("latency", "gpu", "bandwidth", "errors")
 
 
+def valid_trace_ids(traces) -> None:  # noqa: ANN001 - ExportTraceServiceRequest
+    """Set the first byte of every trace id: the recording numbers traces from zero, and an
+    all-zero trace id (rank 0's window 0) is invalid OTLP, refused by receivers."""
+    for rs in traces.resource_spans:
+        for ss in rs.scope_spans:
+            for span in ss.spans:
+                span.trace_id = b"\x01" + span.trace_id[1:]
+
+
 def parse_fault(text: str) -> tuple[int, range, str]:
     """RANK:FIRST:LAST:KIND (windows FIRST..LAST inclusive) as (rank, windows, kind)."""
     try:
@@ -58,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         for w in range(args.windows):
             for r in ranks:
                 traces, metrics = window_requests(r, w, rngs[r], faults.get((r, w)))
+                valid_trace_ids(traces)
                 send(channel, traces)
                 send(channel, metrics)
                 sent["spans"] += sum(len(ss.spans) for rs in traces.resource_spans for ss in rs.scope_spans)
