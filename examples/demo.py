@@ -1,10 +1,13 @@
 """`make demo`: the agent on an example workload, end to end, on this machine.
 
     workload  --uprobes-->  otel-eacgm agent  --OTLP-->  OpenTelemetry Collector  --OTLP-->  Jaeger
+                                                                               \\--zipkin-->  Zipkin (Lens UI)
+                                                                               \\--OTLP logs->  VictoriaLogs
                                                                                \\--OTLP-->  summary (this script)
 
-Starts the real Collector (collector-config/demo.yaml) and a local Jaeger
-(collector-config/jaeger-local.yaml), runs `otel-eacgm agent -- <workload>` and prints the spans
+Starts the real Collector (collector-config/demo.yaml), a local Jaeger
+(collector-config/jaeger-local.yaml), Zipkin (scripts/fetch-zipkin.sh, its Lens UI) and
+VictoriaLogs (scripts/build-victorialogs.sh, its web UI), runs `otel-eacgm agent -- <workload>` and prints the spans
 as they arrive (calls per layer, errors), then the slowest calls, the metrics received, and where
 to look in Jaeger. The workload is examples/train.py on a GPU when PyTorch sees one, otherwise
 examples/cuda_steps.py (real libcudart/libnccl calls that fail without a GPU). Needs root (eBPF).
@@ -61,6 +64,22 @@ def built(script: str) -> Path:
     subprocess.run(["bash", str(REPO / "scripts" / script)], check=True)
     out = subprocess.run(["bash", str(REPO / "scripts" / script), "--path"], check=True, capture_output=True, text=True)
     return Path(out.stdout.strip())
+
+
+def start_zipkin_and_victorialogs(env: dict[str, str], zipkin_port: int, vl_port: int,
+                                  workdir: Path) -> list[subprocess.Popen]:
+    """Zipkin (in memory; a JVM, seconds to start) and VictoriaLogs (data under workdir), the
+    collector's trace UI and log store; both listening when this returns."""
+    zlog, vlog = workdir / "zipkin.log", workdir / "victorialogs.log"
+    zipkin = subprocess.Popen(["java", "-Xmx512m", "-jar", str(built("fetch-zipkin.sh"))],
+                              env=dict(env, QUERY_PORT=str(zipkin_port)), stdout=zlog.open("wb"),
+                              stderr=subprocess.STDOUT)
+    vl = subprocess.Popen([str(built("build-victorialogs.sh")), f"-httpListenAddr=127.0.0.1:{vl_port}",
+                           f"-storageDataPath={workdir / 'victorialogs-data'}"], env=env, stdout=vlog.open("wb"),
+                          stderr=subprocess.STDOUT)
+    wait_port(vl_port, "VictoriaLogs", vl, vlog)
+    wait_port(zipkin_port, "Zipkin", zipkin, zlog, timeout_s=180)
+    return [zipkin, vl]
 
 
 def pick_workload(choice: str, steps: int) -> tuple[list[str], str]:
@@ -126,8 +145,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--workload", choices=["auto", "train", "cuda-steps"], default="auto")
-    ap.add_argument("--keep", action="store_true", help="keep the collector and Jaeger running until Ctrl-C")
+    ap.add_argument("--keep", action="store_true",
+                    help="keep the collector, Jaeger, Zipkin and VictoriaLogs running until Ctrl-C")
     ap.add_argument("--ui-port", type=int, default=16686, help="Jaeger UI / query API port")
+    ap.add_argument("--zipkin-port", type=int, default=9411, help="Zipkin (Lens UI and API) port")
+    ap.add_argument("--victorialogs-port", type=int, default=9428, help="VictoriaLogs (UI and query API) port")
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("demo: eBPF needs root: run `sudo make demo`")
@@ -137,7 +159,8 @@ def main() -> int:
     server, store, store_port = serve()
     ports = {"EACGM_COLLECTOR_GRPC_PORT": free_port(), "EACGM_COLLECTOR_HTTP_PORT": free_port(),
              "EACGM_STORE_PORT": store_port, "EACGM_JAEGER_OTLP_PORT": free_port(),
-             "EACGM_JAEGER_UI_PORT": args.ui_port, "EACGM_JAEGER_QUERY_GRPC_PORT": free_port()}
+             "EACGM_JAEGER_UI_PORT": args.ui_port, "EACGM_JAEGER_QUERY_GRPC_PORT": free_port(),
+             "EACGM_ZIPKIN_PORT": args.zipkin_port, "EACGM_VICTORIALOGS_PORT": args.victorialogs_port}
     env = dict(os.environ, **{k: str(v) for k, v in ports.items()})
     procs: list[subprocess.Popen] = []
     try:
@@ -145,6 +168,7 @@ def main() -> int:
         procs.append(subprocess.Popen([str(jaeger), "--config", str(REPO / "collector-config/jaeger-local.yaml")],
                                       env=env, stdout=jlog.open("wb"), stderr=subprocess.STDOUT))
         wait_port(args.ui_port, "Jaeger", procs[-1], jlog)
+        procs += start_zipkin_and_victorialogs(env, args.zipkin_port, args.victorialogs_port, workdir)
         clog = workdir / "collector.log"
         procs.append(subprocess.Popen([str(collector), "--config", str(REPO / "collector-config/demo.yaml")],
                                       env=env, stdout=clog.open("wb"), stderr=subprocess.STDOUT))
@@ -173,6 +197,9 @@ def main() -> int:
         store.wait_for(lambda: len(store.spans()) > 0, 5)
         time.sleep(1.5)  # the collector's batch timeout: the last spans are on their way
         report(store, jaeger_ui)
+        print(f"Zipkin (Lens UI): http://127.0.0.1:{args.zipkin_port}/zipkin/?serviceName={SERVICE}")
+        print(f"VictoriaLogs (UI): http://127.0.0.1:{args.victorialogs_port}/select/vmui/ "
+              "(the detector's eacgm.anomaly records, where a detector sends its output to this collector)")
         print(f"logs: {workdir}")
         if args.keep:
             print("collector and Jaeger keep running; Ctrl-C to stop")

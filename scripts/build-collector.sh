@@ -6,7 +6,7 @@
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 manifest="$repo/collector-config/build/builder.yaml"
-builder_version=v0.165.0
+builder_version=v0.161.0
 cache=${OTEL_EACGM_CACHE:-$HOME/.cache/otel-eacgm}
 key=$(sha256sum "$manifest" | cut -c1-12)
 bin="$cache/otelcol-eacgm-$key"
@@ -14,10 +14,12 @@ if [[ ${1:-} == --path ]]; then echo "$bin"; exit 0; fi
 [[ -x $bin ]] && exit 0
 
 command -v go >/dev/null || { echo "setup: Go is needed to build the collector (apt-get install golang or https://go.dev/dl)" >&2; exit 1; }
-gobin=$(go env GOPATH)/bin
-if [[ ! -x $gobin/builder || $("$gobin/builder" version 2>/dev/null) != *"${builder_version#v}"* ]]; then
+# The builder goes into a folder of its own per release, so builds of other releases (other
+# checkouts sharing ~/go/bin) never swap it under this one.
+gobin="$cache/builder-$builder_version"
+if [[ ! -x $gobin/builder ]]; then
   echo "setup: installing the collector builder $builder_version" >&2
-  go install "go.opentelemetry.io/collector/cmd/builder@$builder_version"
+  GOBIN="$gobin" go install "go.opentelemetry.io/collector/cmd/builder@$builder_version"
 fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

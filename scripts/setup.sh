@@ -2,14 +2,16 @@
 # One-shot, idempotent set-up on Debian 12 for `make test` and `make demo`:
 # system packages (BCC, kernel headers, compiler), kernel headers usable by BCC, the project's
 # virtualenv at .venv (Debian's python3.11 with --system-site-packages, so it sees the Debian
-# bcc module and has Python USDT probes), cached OpenTelemetry Collector and Jaeger builds, and
-# headless Chromium (the end-to-end tests open traces in Jaeger's UI).
+# bcc module and has Python USDT probes), cached OpenTelemetry Collector, Jaeger and VictoriaLogs
+# builds, Zipkin's server jar from Maven Central (Java 17 runs it), and headless Chromium (the
+# end-to-end tests open traces in Zipkin Lens and anomaly records in VictoriaLogs' UI).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
 log() { echo "setup: $*"; }
 
-apt_packages=(python3-bpfcc python3-venv python3-dev linux-headers-amd64 gcc make chromium chromium-driver)
+apt_packages=(python3-bpfcc python3-venv python3-dev linux-headers-amd64 gcc make chromium chromium-driver
+  openjdk-17-jre-headless maven)
 missing=()
 for p in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
@@ -47,5 +49,8 @@ fi
 
 bash "$repo/scripts/build-collector.sh" >/dev/null
 bash "$repo/scripts/build-jaeger.sh" >/dev/null
+bash "$repo/scripts/build-victorialogs.sh" >/dev/null
+bash "$repo/scripts/fetch-zipkin.sh" >/dev/null
 log "ready: .venv/bin/otel-eacgm, collector $(bash "$repo/scripts/build-collector.sh" --path)," \
-  "Jaeger $(bash "$repo/scripts/build-jaeger.sh" --path)"
+  "Jaeger $(bash "$repo/scripts/build-jaeger.sh" --path)," \
+  "VictoriaLogs $(bash "$repo/scripts/build-victorialogs.sh" --path), Zipkin $(bash "$repo/scripts/fetch-zipkin.sh" --path)"

@@ -1,4 +1,4 @@
-"""The cached Collector and Jaeger builds the tests run."""
+"""The cached Collector, Jaeger, VictoriaLogs and Zipkin the tests run."""
 
 from __future__ import annotations
 
@@ -24,3 +24,13 @@ def collector_binary() -> Path:
 def jaeger_binary() -> Path:
     """The cached Jaeger v1.75.0 build (scripts/build-jaeger.sh)."""
     return _cached("build-jaeger.sh")
+
+
+def victorialogs_binary() -> Path:
+    """The cached VictoriaLogs v1.52.2 build (scripts/build-victorialogs.sh)."""
+    return _cached("build-victorialogs.sh")
+
+
+def zipkin_jar() -> Path:
+    """The cached Zipkin 3.5.1 server jar from Maven Central (scripts/fetch-zipkin.sh)."""
+    return _cached("fetch-zipkin.sh")

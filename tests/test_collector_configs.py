@@ -1,4 +1,6 @@
-"""Every collector config the project runs is accepted by the real Collector build."""
+"""Every config in collector-config/ is accepted by the real build that runs it: the project's
+Collector (v0.161.0, with contrib's loadbalancing and zipkin exporters) or, for
+jaeger-local.yaml, the cached Jaeger."""
 
 from __future__ import annotations
 
@@ -7,19 +9,29 @@ import subprocess
 
 import pytest
 
-from collector_build import REPO, collector_binary
+from collector_build import REPO, collector_binary, jaeger_binary
 
 PORT_VARS = ("EACGM_COLLECTOR_GRPC_PORT", "EACGM_COLLECTOR_HTTP_PORT", "EACGM_STORE_PORT", "EACGM_JAEGER_OTLP_PORT",
-             "EACGM_DETECTOR_PORT", "EACGM_DETECTED_PORT", "EACGM_COLLECTOR_METRICS_PORT")
-# tempo.yaml's endpoints (Tempo itself is not run here)
+             "EACGM_DETECTOR_PORT", "EACGM_DETECTED_PORT", "EACGM_COLLECTOR_METRICS_PORT", "EACGM_GATEWAY_GRPC_PORT",
+             "EACGM_GATEWAY_METRICS_PORT", "EACGM_ZIPKIN_PORT", "EACGM_VICTORIALOGS_PORT", "EACGM_JAEGER_UI_PORT",
+             "EACGM_JAEGER_QUERY_GRPC_PORT")
+# Endpoints of the deployment configs (tempo.yaml's Tempo is not run here)
 HOST_VARS = ("TEMPO_ENDPOINT", "DETECTOR_ENDPOINT", "OTLP_BACKEND")
+CONFIGS = sorted(p.name for p in (REPO / "collector-config").glob("*.yaml"))
 
 
-@pytest.mark.parametrize("name", ["test-pipeline.yaml", "demo.yaml", "detector-pipeline.yaml", "tempo.yaml"])
+def test_every_config_is_checked() -> None:
+    assert {"gateway-loadbalancing.yaml", "detector-pipeline.yaml", "demo.yaml", "tempo.yaml",
+            "test-pipeline.yaml", "jaeger-local.yaml"} <= set(CONFIGS)
+
+
+@pytest.mark.parametrize("name", CONFIGS)
 def test_config_validates(name: str) -> None:
     env = dict(os.environ, **{var: str(4317 + i) for i, var in enumerate(PORT_VARS)},
-               **{var: f"{var.lower()}:4317" for var in HOST_VARS})
-    proc = subprocess.run([str(collector_binary()), "validate", "--config", str(REPO / "collector-config" / name)],
+               **{var: f"{var.lower()}:4317" for var in HOST_VARS},
+               DETECTOR_REPLICAS="[detector-0:4319, detector-1:4319, detector-2:4319]", EACGM_RETRY_MAX_ELAPSED="300s")
+    binary = jaeger_binary() if name == "jaeger-local.yaml" else collector_binary()
+    proc = subprocess.run([str(binary), "validate", "--config", str(REPO / "collector-config" / name)],
                           env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
 

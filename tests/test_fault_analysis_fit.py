@@ -1,6 +1,6 @@
 """The fault benchmark's analysis on real detector fits: which model scores which run.
 
-Synthetic recordings (tests/detector/detector_recording.py, the agent's attribute names): two
+Synthetic recordings (eacgm_testkit/recording.py, the agent's attribute names): two
 ordinary clean runs, a third clean run whose GPU ran at another level throughout (the kind of
 difference one process shows from another), and a fault run at that same level. Fitted on the
 first clean run only, both the odd clean run and the fault run look anomalous. Fitted on every
@@ -20,9 +20,8 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
-sys.path.insert(0, str(REPO / "tests" / "detector"))
 
-from detector_recording import T0, SEC, window_requests  # noqa: E402
+from eacgm_testkit.recording import T0, SEC, window_requests  # noqa: E402
 from fault_analysis import analyse, load_recordings  # noqa: E402
 
 from eacgm_detector.replay import otlp_json_line  # noqa: E402

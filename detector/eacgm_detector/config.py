@@ -53,6 +53,10 @@ class DetectorConfig(Settings):
     """Send to export_endpoint in plaintext; false uses TLS."""
     export_ca_file: str | None = None
     """PEM CA bundle to verify the export endpoint when export_insecure is false."""
+    instance_id: str | None = None
+    """Names this replica on its anomaly logs and score gauges (resource attribute
+    ``service.instance.id``), so a backend shows which replica of a scale-out scored an entity;
+    None leaves it off."""
     reexport_spans: bool = True
     """Re-export received spans, annotated with eacgm.anomaly[.score], to export_endpoint."""
     max_request_bytes: int = 4 * 1024 * 1024

@@ -54,8 +54,13 @@ def kv(key: str, v) -> KeyValue:
     return KeyValue(key=key, value=_value(v))
 
 
-def _resource(res: WindowResult) -> Resource:
+ATTR_INSTANCE = "service.instance.id"
+
+
+def _resource(res: WindowResult, instance_id: str | None) -> Resource:
     attrs = [kv("service.name", SERVICE_NAME)] + [kv(k, v) for k, v in res.entity if k != "service.name"]
+    if instance_id is not None:
+        attrs.append(kv(ATTR_INSTANCE, instance_id))
     return Resource(attributes=attrs)
 
 
@@ -89,23 +94,26 @@ def anomaly_log(res: WindowResult) -> LogRecord:
     return rec
 
 
-def logs_request(results: list[WindowResult]) -> ExportLogsServiceRequest | None:
-    """Anomaly events of ``results``, one ResourceLogs per anomalous window; None if none."""
+def logs_request(results: list[WindowResult], instance_id: str | None = None) -> ExportLogsServiceRequest | None:
+    """Anomaly events of ``results``, one ResourceLogs per anomalous window; None if none.
+    ``instance_id`` (the replica's name) goes on their resource."""
     req = ExportLogsServiceRequest()
     for res in results:
         if res.anomalous:
-            rl = req.resource_logs.add(resource=_resource(res))
+            rl = req.resource_logs.add(resource=_resource(res, instance_id))
             rl.scope_logs.add(scope=SCOPE).log_records.append(anomaly_log(res))
     return req if req.resource_logs else None
 
 
-def score_request(results: list[WindowResult]) -> ExportMetricsServiceRequest | None:
-    """Gauge ``eacgm.anomaly.score`` per scored window, at the window's end; None if none."""
+def score_request(results: list[WindowResult],
+                  instance_id: str | None = None) -> ExportMetricsServiceRequest | None:
+    """Gauge ``eacgm.anomaly.score`` per scored window, at the window's end; None if none.
+    ``instance_id`` (the replica's name) goes on their resource."""
     req = ExportMetricsServiceRequest()
     for res in results:
         if res.score is None:
             continue
-        rm = req.resource_metrics.add(resource=_resource(res))
+        rm = req.resource_metrics.add(resource=_resource(res, instance_id))
         m = rm.scope_metrics.add(scope=SCOPE).metrics.add(
             name=METRIC_SCORE, unit="1",
             description="Log-likelihood of the entity's latest window (lower is more anomalous)")

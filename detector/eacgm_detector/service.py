@@ -224,8 +224,8 @@ class DetectorService:
     def _emit(self, results) -> None:
         if not results or self.exporter is None:
             return
-        self.exporter.submit("logs", emit.logs_request(results))
-        self.exporter.submit("metrics", emit.score_request(results))
+        self.exporter.submit("logs", emit.logs_request(results, self.cfg.instance_id))
+        self.exporter.submit("metrics", emit.score_request(results, self.cfg.instance_id))
         if self.cfg.reexport_spans:
             self.exporter.submit("traces", emit.spans_request(results))
 

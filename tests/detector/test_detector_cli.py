@@ -11,7 +11,7 @@ import numpy as np
 from eacgm_detector.cli import main
 from eacgm_detector.persist import load_model
 from eacgm_detector.replay import otlp_json_line
-from detector_recording import SEC, T0, recording
+from eacgm_testkit.recording import SEC, T0, recording
 
 
 def write_csv(path, X, names, stamps=None):

@@ -20,7 +20,7 @@ from eacgm_detector.model import GMMDetector
 from eacgm_detector.online import fit_rows
 from eacgm_detector.persist import load_model
 from eacgm_detector.replay import otlp_json_line
-from detector_recording import SEC, T0, recording
+from eacgm_testkit.recording import SEC, T0, recording
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = [str(REPO / ".venv/bin/otel-eacgm"), "detector"]

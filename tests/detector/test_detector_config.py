@@ -45,15 +45,14 @@ def test_yaml_load_and_unknown_keys(tmp_path):
 
 def test_loadbalancing_gateway_routes_by_entity():
     doc = yaml.safe_load((ROOT / "collector-config" / "gateway-loadbalancing.yaml").read_text())
-    lb = doc["exporters"]["loadbalancing"]
-    # Entities are resource attributes: routing by them keeps each entity on one replica
-    # (the exporter's `resource` key does not serve spans).
+    lb = doc["exporters"]["load_balancing"]
+    # Routing by the entity's attributes keeps each entity on one replica, spans and metrics alike.
     assert lb["routing_key"] == "attributes"
-    assert set(lb["routing_attributes"]) <= set(DetectorConfig().entity_attributes)
+    assert lb["routing_attributes"] == DetectorConfig().entity_attributes
     for pipeline in ("traces", "metrics"):
-        assert "loadbalancing" in doc["service"]["pipelines"][pipeline]["exporters"]
+        assert "load_balancing" in doc["service"]["pipelines"][pipeline]["exporters"]
     # Logs are not sent to the replicas in this layout.
-    assert "loadbalancing" not in doc["service"]["pipelines"]["logs"]["exporters"]
+    assert "load_balancing" not in doc["service"]["pipelines"]["logs"]["exporters"]
 
 
 def test_docs_example_config_loads():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from detector_recording import SEC, T0, recording
+from eacgm_testkit.recording import SEC, T0, recording
 from eacgm_detector.config import DetectorConfig
 from eacgm_detector.emit import anomaly_message
 from eacgm_detector.online import fit_rows

@@ -1,9 +1,9 @@
 """Replicas routed by entity find exactly the anomalies a single detector finds.
 
-The project's collector build cannot include the contrib ``loadbalancing`` exporter (the Go
-module proxy refuses it at v0.165.x), so its routing is played here: requests are split by the
-entity's resource attributes, as ``routing_key: attributes`` does, and sent over real gRPC to
-real detector replicas whose output goes to a real OTLP receiver.
+The routing of the Collector's ``loadbalancing`` exporter is played here, in one process:
+requests are split by the entity's resource attributes, as ``routing_key: attributes`` does, and
+sent over real gRPC to real detector replicas whose output goes to a real OTLP receiver.
+tests/scaleout/ runs the real exporter in a gateway Collector in front of replica processes.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from eacgm_detector.exporter import OtlpExporter
 from eacgm_detector.pipeline import Detector
 from eacgm_detector.records import attributes, entity_label, entity_of
 from eacgm_detector.service import DetectorService
-from detector_recording import SEC, T0, recording, send
+from eacgm_testkit.recording import SEC, T0, recording, send
 
 RANKS = [0, 1, 2, 3, 4, 5]
 ANOMALIES = {110: "latency", 120: "gpu", 130: "bandwidth"}

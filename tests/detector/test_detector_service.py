@@ -21,7 +21,7 @@ from eacgm_detector.exporter import OtlpExporter
 from eacgm_detector.pipeline import Detector
 from eacgm_detector.records import attributes
 from eacgm_detector.service import DetectorService
-from detector_recording import SEC, T0, recording, resource_attrs, send
+from eacgm_testkit.recording import SEC, T0, recording, resource_attrs, send
 
 ANOMALIES = {230: "latency", 250: "gpu", 270: "bandwidth", 290: "errors"}
 N_WINDOWS, WARMUP = 320, 200

@@ -2,14 +2,15 @@
 
     examples/cuda_steps.py --uprobes--> otel-eacgm agent --OTLP--> collector --> otel-eacgm detector
                                                                        ^               |
-    Jaeger + the tests' OTLP store <-- annotated spans, anomaly logs --+---------------+
+    Jaeger, Zipkin, VictoriaLogs, the tests' OTLP store <-- annotated spans, anomaly logs
 
 The collector runs collector-config/detector-pipeline.yaml; the detector
-tests/fixtures/detector-e2e.yaml; Jaeger collector-config/jaeger-local.yaml. Shutdown is in
+tests/fixtures/detector-e2e.yaml; Jaeger collector-config/jaeger-local.yaml; Zipkin (traces, its
+Lens UI) and VictoriaLogs (the anomaly logs) their defaults, in memory and under the run's folder. Shutdown is in
 data-flow order and waits on counters, not on sleeps: the agent exits once the collector has
 every span, the detector is stopped once the collector's counters say it has sent it every span
 (stopping scores the still-open windows and flushes the output), and the collector is stopped
-last (it flushes its batches). Jaeger stays up for the tests that query it.
+last (it flushes its batches). Jaeger, Zipkin and VictoriaLogs stay up for the tests that query them.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent_run import agent_cmd, summary
-from collector_build import REPO, collector_binary, jaeger_binary
+from collector_build import REPO, collector_binary, jaeger_binary, victorialogs_binary, zipkin_jar
 from loopback import free_port
 from eacgm_testkit.otlp_store import Store, serve
 
@@ -45,7 +46,7 @@ WORKLOAD = REPO / "examples/cuda_steps.py"
 OTEL_EACGM = str(REPO / ".venv/bin/otel-eacgm")
 PORTS = ("EACGM_COLLECTOR_GRPC_PORT", "EACGM_COLLECTOR_HTTP_PORT", "EACGM_COLLECTOR_METRICS_PORT",
          "EACGM_DETECTOR_PORT", "EACGM_DETECTED_PORT", "EACGM_JAEGER_OTLP_PORT", "EACGM_JAEGER_UI_PORT",
-         "EACGM_JAEGER_QUERY_GRPC_PORT")
+         "EACGM_JAEGER_QUERY_GRPC_PORT", "EACGM_ZIPKIN_PORT", "EACGM_VICTORIALOGS_PORT")
 
 
 class Service:
@@ -109,6 +110,8 @@ class Run:
 
     store: Store
     jaeger_ui: str
+    zipkin_ui: str               # Zipkin's base URL: Lens at /zipkin/, API at /api/v2/
+    victorialogs: str            # VictoriaLogs' base URL: LogsQL at /select/logsql/, UI at /select/vmui/
     steps: list[dict]            # the workload's own record, one dict per step (cuda_steps --json)
     pid: int                     # the workload's process id (cProfile runs it in-process)
     agent: subprocess.CompletedProcess
@@ -124,6 +127,20 @@ class Run:
         """The detector's anomaly log records about the workload process."""
         return [r for r in self.store.log_records()
                 if r["event_name"] == "eacgm.anomaly" and r["attributes"].get("process.pid") == str(self.pid)]
+
+
+def start_zipkin(port: int, env: dict[str, str], log_dir: Path) -> Service:
+    """Zipkin's server (in-memory storage, Lens UI) on port (QUERY_PORT; it listens on every
+    interface: the tests reach it on loopback)."""
+    return Service("zipkin", ["java", "-Xmx512m", "-jar", str(zipkin_jar())],
+                   dict(env, QUERY_PORT=str(port)), log_dir)
+
+
+def start_victorialogs(port: int, env: dict[str, str], log_dir: Path) -> Service:
+    """VictoriaLogs on 127.0.0.1:port, its data under log_dir."""
+    return Service("victorialogs", [str(victorialogs_binary()), f"-httpListenAddr=127.0.0.1:{port}",
+                                    f"-storageDataPath={log_dir / 'victorialogs-data'}", "-retentionPeriod=100y"],
+                   env, log_dir)
 
 
 def _agent_run(endpoint: str, env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -150,6 +167,8 @@ def pipeline_run(log_dir: Path) -> Iterator[Run]:
         jaeger = Service("jaeger", [str(jaeger_binary()), "--config", str(REPO / "collector-config/jaeger-local.yaml")],
                          env, log_dir)
         services.append(jaeger)
+        services.append(zipkin := start_zipkin(ports["EACGM_ZIPKIN_PORT"], env, log_dir))
+        services.append(victorialogs := start_victorialogs(ports["EACGM_VICTORIALOGS_PORT"], env, log_dir))
         detector = Service("detector", [OTEL_EACGM, "detector", "serve",
                                         "--config", str(REPO / "tests/fixtures/detector-e2e.yaml"),
                                         "--listen", f"127.0.0.1:{ports['EACGM_DETECTOR_PORT']}",
@@ -157,8 +176,9 @@ def pipeline_run(log_dir: Path) -> Iterator[Run]:
                            env, log_dir)
         services.append(detector)
         for svc, port in ((jaeger, "EACGM_JAEGER_OTLP_PORT"), (jaeger, "EACGM_JAEGER_UI_PORT"),
-                          (detector, "EACGM_DETECTOR_PORT")):
+                          (detector, "EACGM_DETECTOR_PORT"), (victorialogs, "EACGM_VICTORIALOGS_PORT")):
             svc.wait_port(ports[port])
+        zipkin.wait_port(ports["EACGM_ZIPKIN_PORT"], timeout_s=180)  # a JVM: seconds to start
         # Started once its destinations listen: it would otherwise begin in gRPC's reconnect back-off.
         collector = Service("collector", [str(collector_binary()), "--config",
                                           str(REPO / "collector-config/detector-pipeline.yaml")], env, log_dir)
@@ -176,8 +196,9 @@ def pipeline_run(log_dir: Path) -> Iterator[Run]:
         assert collector.stop() == 0, collector.tail()
         records = [json.loads(line) for line in agent.stdout.splitlines() if line.startswith("{")]
         pid = int(agent.stderr.split("launched pid ", 1)[1].split(":", 1)[0])
-        yield Run(store, f"http://127.0.0.1:{ports['EACGM_JAEGER_UI_PORT']}", records, pid, agent, counters,
-                  detector.log.read_text(), log_dir)
+        yield Run(store, f"http://127.0.0.1:{ports['EACGM_JAEGER_UI_PORT']}",
+                  f"http://127.0.0.1:{ports['EACGM_ZIPKIN_PORT']}", f"http://127.0.0.1:{ports['EACGM_VICTORIALOGS_PORT']}",
+                  records, pid, agent, counters, detector.log.read_text(), log_dir)
     finally:
         for svc in reversed(services):
             svc.stop()

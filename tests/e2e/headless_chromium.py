@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import struct
 import subprocess
 import tempfile
+import zlib
 from pathlib import Path
 
 #: Virtual milliseconds the page may run (fetches and rendering) before it is read.
@@ -36,3 +38,17 @@ def dump_dom(url: str) -> str:
 def screenshot(url: str, path: Path, width: int, height: int) -> None:
     """A PNG of the rendered page at width x height."""
     _chromium(f"--screenshot={path}", f"--window-size={width},{height}", url)
+
+
+def png_size_and_colours(path: Path) -> tuple[int, int, int]:
+    """(width, height, distinct byte values of the decoded rows) of a PNG file."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    width, height = struct.unpack(">II", data[16:24])
+    idat, pos = b"", 8
+    while pos < len(data):
+        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        if kind == b"IDAT":
+            idat += data[pos + 8:pos + 8 + length]
+        pos += 12 + length
+    return width, height, len(set(zlib.decompress(idat)))

@@ -10,16 +10,13 @@ one the UI test is skipped, saying so.
 
 from __future__ import annotations
 
-import struct
 import time
 import urllib.request
-import zlib
-from pathlib import Path
 
 import pytest
 
 from e2e_stack import SERVICE, Run
-from headless_chromium import dump_dom, screenshot
+from headless_chromium import dump_dom, png_size_and_colours, screenshot
 from jaeger_api import find_traces, get_trace, tags_of
 
 pytestmark = pytest.mark.ebpf
@@ -69,20 +66,6 @@ def test_trace_tree_by_id(e2e_run: Run) -> None:
             assert sent[span_id]["parent_span_id"] == root["spanID"]
             assert root["startTime"] <= span["startTime"] <= root["startTime"] + root["duration"]
     assert sum(s["operationName"] == "ncclAllReduce" for s in got.values()) > 1, "a fault step: extra all-reduces"
-
-
-def png_size_and_colours(path: Path) -> tuple[int, int, int]:
-    """(width, height, distinct byte values of the decoded rows) of a PNG file."""
-    data = path.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
-    width, height = struct.unpack(">II", data[16:24])
-    idat, pos = b"", 8
-    while pos < len(data):
-        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
-        if kind == b"IDAT":
-            idat += data[pos + 8:pos + 8 + length]
-        pos += 12 + length
-    return width, height, len(set(zlib.decompress(idat)))
 
 
 def test_jaeger_ui_renders_the_trace(e2e_run: Run) -> None:

@@ -1,4 +1,5 @@
-"""A synthetic recorded training run as OTLP requests, with injectable anomalies.
+"""A synthetic recorded training run as OTLP requests, with injectable anomalies (the detector
+tests and the simulated agents of eacgm_testkit.sim_agent replay it).
 
 Each 1-second window of one rank carries CUDA launches, NCCL all-reduces and torch ops as
 spans, and GPU utilization, power and a cumulative network counter as metrics, with the
