@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import enum
+import errno
 import logging
 import os
 import queue
@@ -20,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from otel_eacgm import uprobe_multi
-from otel_eacgm.bpf_program import BpfError, CallProgram, Tail
+from otel_eacgm.bpf_program import BpfError, CallProgram, ProcessGone, Tail
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +145,7 @@ class ProbeLinks:
             entry.handles += handles
             entry.probes += tuple(attached)
         except BpfError as exc:
-            raise BpfError(f"{label or group.kind.value}: {exc}") from None
+            raise type(exc)(f"{label or group.kind.value}: {exc}") from None
 
     def _link(self, group: Group, probes: Sequence[Probe], retprobe: bool) -> int:
         refs = tuple(p.ref_ctr_offset for p in probes)
@@ -167,6 +168,9 @@ class ProbeLinks:
                     handles.append(self._link(group, part, retprobe))
                     attached += part
                 except uprobe_multi.LinkError as exc:
+                    if exc.errno == errno.ESRCH and group.pid != -1:
+                        self._close_handles(handles)
+                        raise ProcessGone(f"{exc} (pid {group.pid} has exited)") from None
                     try:
                         if len(part) == 1:
                             raise BpfError(f"{exc}; see the kernel log (dmesg)") from None
@@ -181,8 +185,10 @@ class ProbeLinks:
         for p in probes:
             try:
                 names.append(self._attach_perf(group, p))
-            except BpfError:
+            except BpfError as exc:
                 self._close_handles(names)
+                if group.pid != -1 and not os.path.exists(f"/proc/{group.pid}"):
+                    raise ProcessGone(f"{exc} (pid {group.pid} has exited)") from None
                 raise
         return names, list(probes)
 
