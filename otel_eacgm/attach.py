@@ -27,7 +27,7 @@ class TorchSelection:
 
     include: tuple[str, ...] = torch_ops.DEFAULT_INCLUDE
     exclude: tuple[str, ...] = torch_ops.DEFAULT_EXCLUDE
-    max_ops: int = 200
+    max_ops: int = len(TORCH_SLOTS)
 
 
 class Attacher:

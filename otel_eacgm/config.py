@@ -80,8 +80,9 @@ class AgentConfig(Settings):
     """ATen operators to probe: fnmatch patterns on the operator (addmm, aten::addmm) or operator.overload (add.Tensor)."""
     torch_exclude: list[str] = dataclasses.field(default_factory=lambda: list(torch_ops.DEFAULT_EXCLUDE))
     """ATen operators never probed, same patterns (default: the out= variants)."""
-    torch_max_ops: int = 200
-    """Cap on probed operators per libtorch_cpu (earlier torch_include patterns win); logged when it bites."""
+    torch_max_ops: int = len(TORCH_SLOTS)
+    """Cap on probed operators per libtorch_cpu, at most 256 (earlier torch_include patterns win); logged when it
+    bites. The default patterns' specific operators all fit; the cap drops only generic *_backward and _foreach_*."""
     python_include: list[str] = dataclasses.field(default_factory=lambda: list(python_usdt.DEFAULT_INCLUDE))
     """Python functions traced though python_exclude matches them: MODULE[:FUNCTION], :FUNCTION or <PREFIX."""
     python_exclude: list[str] = dataclasses.field(default_factory=lambda: list(python_usdt.DEFAULT_EXCLUDE))
