@@ -6,12 +6,10 @@ metrics, guardrail, self-telemetry). Nothing here runs; Agent.run does (agent.py
 from __future__ import annotations
 
 import dataclasses
-import os
 import socket
 import time
 from collections.abc import Sequence
 
-from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
@@ -35,6 +33,7 @@ from otel_eacgm.pipeline import RecordPipeline
 from otel_eacgm.probe_links import ProbeLinks
 from otel_eacgm.probes.catalog import Layer, ProbeSpec, Role, enabled_rows
 from otel_eacgm.probes.python_usdt import compile_rules
+from otel_eacgm.resources import agent_resource
 from otel_eacgm.process_symbols import ProcessSymbols
 from otel_eacgm.shaping import TraceShaper
 from otel_eacgm.spans import SpanBuilder, error_type
@@ -121,13 +120,13 @@ def build_agent(cfg: AgentConfig, command: Sequence[str] | None = None, *, dump_
         slice_max=cfg.span_slice_max))
 
     # Metrics: call statistics, self-telemetry, host sources.
-    resource = Resource({"service.name": "otel-eacgm-agent", "host.name": host, "process.pid": os.getpid(),
-                         "service.version": __version__})
+    resource = agent_resource(host)
     exporter = metric_exporter(cfg.protocol, cfg.endpoint, cfg.insecure, cfg.export_timeout_s) if cfg.otlp \
         else NullMetricExporter()
     if call_stats is not None:
         exporter = ProducingMetricExporter(exporter, call_stats.metrics, resource,
-                                           InstrumentationScope("otel_eacgm.metrics.calls", __version__))
+                                           InstrumentationScope("otel_eacgm.metrics.calls", __version__),
+                                           resource_for=discovery.known_resource)
     meters = meter_provider(exporter, cfg.metrics_interval_s, resource)
     telemetry = AgentTelemetry(program=program, links=links, attacher=attacher, queue=queue, shaper=shaper,
                                guardrail=guardrail)
