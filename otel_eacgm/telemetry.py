@@ -69,7 +69,7 @@ class AgentTelemetry:
                 f"depth_overflow={stats[Stat.DEPTH_OVERFLOW]} unmatched_returns={stats[Stat.UNMATCHED_RETURN]} "
                 f"probes={self._links.probe_count} files={len(self._attacher.files)} "
                 f"short_lived={self._attacher.short_lived.count} "
-                f"traces={shaper.traces} split={shaper.split} "
+                f"root_spans={shaper.root_spans} traces={shaper.traces} split={shaper.split} "
                 f"sampled_out={self.sampled_out(stats)} held={shaper.held}")
 
     def register(self, meters: MeterProvider) -> None:
