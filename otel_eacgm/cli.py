@@ -140,6 +140,13 @@ def parser() -> argparse.ArgumentParser:
     _trace_parser(sub)
     d = sub.add_parser("doctor", help="check that this machine can trace, with a fix for each problem")
     d.add_argument("--json", action="store_true", help="machine-readable output (default: one line per check)")
+    d.add_argument("--endpoint", help="also check this OTLP endpoint with a real export, and name the fix when it "
+                                      "fails (default: none, the endpoint is not checked)")
+    d.add_argument("--protocol", choices=["grpc", "http/protobuf"], help=_setting_help(
+        "protocol", "OTEL_EXPORTER_OTLP_PROTOCOL, else grpc"))
+    d.add_argument("--insecure", action="store_const", const=True, help=_setting_help(
+        "insecure", "OTEL_EXPORTER_OTLP_INSECURE, else plaintext for an http:// endpoint and TLS for https:// "
+                    "or host:port"))
     sub.add_parser("detector", help="the anomaly detector (run `otel-eacgm detector --help`)", add_help=False)
     return top
 
@@ -154,9 +161,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.cmd in ("agent", "trace"):
         return _run_agent(args)
-    from otel_eacgm.doctor import run_doctor
+    from otel_eacgm.doctor import check_endpoint, run_doctor
 
-    return run_doctor(as_json=args.json)
+    endpoint = None
+    if args.endpoint:
+        try:
+            cfg = load(None, {"endpoint": args.endpoint, "protocol": args.protocol, "insecure": args.insecure})
+        except ConfigError as exc:
+            print(f"otel-eacgm doctor: {exc}", file=sys.stderr)
+            return 2
+        endpoint = check_endpoint(cfg.protocol, cfg.endpoint, cfg.insecure)
+    return run_doctor(as_json=args.json, endpoint=endpoint)
 
 
 if __name__ == "__main__":

@@ -136,11 +136,12 @@ class SpanQueue:
     """Bounded span queue with one export thread; counts what it exports and what it drops.
 
     A full queue drops the *new* span (the oldest ones are already batched for export) and
-    counts it; a failed export counts its spans as dropped and the queue carries on.
+    counts it; a failed export counts its spans as dropped, tells `on_failure` (the endpoint
+    check, endpoint_check.ExportDiagnosis) and the queue carries on.
     """
 
     def __init__(self, exporter: SpanExporter, *, max_size: int = 65536, batch_size: int = 512,
-                 interval_s: float = 0.5) -> None:
+                 interval_s: float = 0.5, on_failure: Callable[[], object] | None = None) -> None:
         if max_size < batch_size or batch_size <= 0:
             raise ValueError(f"queue max_size {max_size} must be >= batch_size {batch_size} > 0")
         self._exporter = exporter
@@ -148,6 +149,7 @@ class SpanQueue:
         self._max = max_size
         self._batch = batch_size
         self._interval = interval_s
+        self._on_failure = on_failure  # told of each failed export, on the export thread
         self._cond = threading.Condition()
         self._closing = False
         self.enqueued = 0
@@ -187,6 +189,8 @@ class SpanQueue:
             self.export_failures += 1
             self.dropped += len(batch)
             log.warning("span export failed: %d spans dropped (%d so far)", len(batch), self.dropped)
+            if self._on_failure is not None:
+                self._on_failure()
 
     def _run(self) -> None:
         while True:

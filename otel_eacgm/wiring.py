@@ -22,6 +22,7 @@ from otel_eacgm.clock import EpochClock
 from otel_eacgm.config import AgentConfig
 from otel_eacgm.decoders import DecodeContext
 from otel_eacgm.discovery import Discovery
+from otel_eacgm.endpoint_check import ExportDiagnosis
 from otel_eacgm.export import ProducingMetricExporter, SpanQueue, meter_provider, metric_exporter, span_exporter
 from otel_eacgm.guardrail import Guardrail
 from otel_eacgm.kernel_names import KernelNames
@@ -111,7 +112,9 @@ def build_agent(cfg: AgentConfig, command: Sequence[str] | None = None, *, dump_
 
     # The record line: builder -> shaper -> queue.
     builder = SpanBuilder(specs, DecodeContext(kernel_names), EpochClock(), discovery.resource_for)
-    queue = SpanQueue(_span_exporter(cfg), max_size=cfg.queue_size, batch_size=cfg.batch_size)
+    diagnosis = ExportDiagnosis(cfg.protocol, cfg.endpoint, cfg.insecure) if cfg.otlp else None
+    queue = SpanQueue(_span_exporter(cfg), max_size=cfg.queue_size, batch_size=cfg.batch_size,
+                      on_failure=diagnosis.failed if diagnosis is not None else None)
     shaper = TraceShaper(queue.put, builder.ids, max_spans=cfg.trace_max_spans, max_delay_s=cfg.trace_max_delay_s,
                          slice_s=cfg.trace_slice_s, slow_s=cfg.span_slow_s)
     program.set_sampling(Sampling(
