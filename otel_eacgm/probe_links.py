@@ -257,6 +257,34 @@ class ProbeLinks:
                     log.warning("re-attaching %s probes of %s failed: %s", kind.value, group.path, exc)
         return n
 
+    def drop(self, kind: GroupKind, slots: set[int], *, overlap: bool = False) -> int:
+        """Take the probes of `slots` out of every group of `kind` for good (operator shedding);
+        returns the probes dropped. An attached group is linked again without them: with
+        `overlap`, the new link is made before the old one is closed (return probes: a call
+        returning meanwhile is seen twice, the second time as an unmatched return, never lost),
+        else after (entry probes: a call entered meanwhile is not seen, rather than seen twice)."""
+        dropped = 0
+        for group, entry in self._groups.items():
+            keep = tuple(p for p in entry.probes if p.slot not in slots)
+            if group.kind is not kind or len(keep) == len(entry.probes):
+                continue
+            dropped += len(entry.probes) - len(keep)
+            old, entry.probes = entry.handles, keep
+            if not old:  # detached by the guardrail: re-attached later without them
+                continue
+            if not overlap:
+                self._close_handles(old)
+            try:
+                entry.handles, attached = self._attach_now(group, keep) if keep else ([], [])
+                entry.probes = tuple(attached)
+            except BpfError as exc:
+                entry.handles = []
+                log.warning("re-linking %s probes of %s without %d shed probes failed: %s", kind.value, group.path,
+                            len(slots), exc)
+            if overlap:
+                self._close_handles(old)
+        return dropped
+
     @property
     def probe_count(self) -> int:
         """Uprobes plus uretprobes attached so far (those the guardrail has detached for now included)."""

@@ -29,6 +29,7 @@ from otel_eacgm.kernel_names import KernelNames
 from otel_eacgm.launcher import Launcher
 from otel_eacgm.metrics.call_stats import CallStatistics
 from otel_eacgm.metrics.host import start_host_metrics
+from otel_eacgm.operator_shedding import OperatorShedder
 from otel_eacgm.perfetto import NullMetricExporter, PerfettoExporter, TeeSpanExporter
 from otel_eacgm.pipeline import RecordPipeline
 from otel_eacgm.probe_links import ProbeLinks
@@ -102,8 +103,12 @@ def build_agent(cfg: AgentConfig, command: Sequence[str] | None = None, *, dump_
                           hit_cost_s=cfg.probe_hit_cost_us * 1e-6, period_s=cfg.guardrail_period_s,
                           min_duty=cfg.guardrail_min_duty, now=time.monotonic()) \
         if cfg.overhead_budget > 0 and call_stats is not None else None
+    hit_cost = guardrail.hit_cost if guardrail is not None else lambda _pid: cfg.probe_hit_cost_us * 1e-6
+    shedder = OperatorShedder(links, specs, share=cfg.torch_shed_share, hit_cost=hit_cost, now=time.monotonic()) \
+        if call_stats is not None and Layer.TORCH in layers and cfg.torch_shed_share > 0 else None
     stats_reader = CallStatsReader(program, call_stats, guardrail, metrics_interval_s=cfg.metrics_interval_s,
-                                   guardrail_period_s=cfg.guardrail_period_s) if call_stats is not None else None
+                                   guardrail_period_s=cfg.guardrail_period_s, shedder=shedder) \
+        if call_stats is not None else None
     discovery = Discovery(program=program, attacher=attacher, symbols=symbols, kernel_names=kernel_names,
                           filtering=filtering, cgroup=cfg.cgroup, host_name=host,
                           resource_command_line=cfg.resource_command_line,
@@ -132,7 +137,7 @@ def build_agent(cfg: AgentConfig, command: Sequence[str] | None = None, *, dump_
                                            resource_for=discovery.known_resource)
     meters = meter_provider(exporter, cfg.metrics_interval_s, resource)
     telemetry = AgentTelemetry(program=program, links=links, attacher=attacher, queue=queue, shaper=shaper,
-                               guardrail=guardrail)
+                               guardrail=guardrail, shedder=shedder)
     telemetry.register(meters)
     host_metrics = start_host_metrics(
         meters, gpu=cfg.gpu_metrics and metered, network=cfg.network_metrics and metered,
