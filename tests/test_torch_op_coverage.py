@@ -33,7 +33,9 @@ def profiles() -> dict:
     from eacgm_testkit.torch_models import cases, profile_step  # noqa: PLC0415
 
     torch.set_num_threads(1)
-    return {case.name: profile_step(case) for case in cases()}
+    # three profiled steps per model: a step the 2-core host preempted (4 ms of one reshape, seen
+    # once) must not decide; the median step does
+    return {case.name: [profile_step(case) for _ in range(3)] for case in cases()}
 
 
 def test_each_family_has_its_own_operators_probed(probed: set[str]) -> None:
@@ -49,8 +51,9 @@ def test_each_family_has_its_own_operators_probed(probed: set[str]) -> None:
 def test_the_default_set_covers_the_steps_operator_time(profiles: dict, probed: set[str], model: str) -> None:
     from eacgm_testkit.torch_models import covered_share  # noqa: PLC0415
 
-    calls = profiles[model]
-    share = covered_share(calls, probed)
+    shares = sorted((covered_share(calls, probed), i) for i, calls in enumerate(profiles[model]))
+    share, median = shares[1]
+    calls = profiles[model][median]
     unseen: dict[str, float] = {}
     for c in calls:
         if c.name not in probed and not probed.intersection(c.ancestors):
@@ -60,5 +63,5 @@ def test_the_default_set_covers_the_steps_operator_time(profiles: dict, probed: 
 
 def test_the_recurrent_operators_time_is_their_own(profiles: dict, probed: set[str]) -> None:
     """The LSTM layer and its backward are spans of their own, not time hidden in a parent."""
-    names = {c.name for c in profiles["lstm"]}
+    names = {c.name for c in profiles["lstm"][0]}
     assert {"aten::lstm", "aten::mkldnn_rnn_layer_backward"} <= names & probed
