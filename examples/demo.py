@@ -9,7 +9,7 @@ as they arrive (calls per layer, errors), then the slowest calls, the metrics re
 anomaly detector found, and where to look in Jaeger. The workload is examples/train.py on a GPU
 when PyTorch sees one, otherwise examples/cuda_steps.py (real libcudart/libnccl calls that fail
 without a GPU), with a fault injected after the detector's warm-up: a communication slowdown
-(steps 201-250 of cuda_steps.py) or a straggler (train.py). The detector (eacgm_detector, the
+(steps 201-250 of cuda_steps.py) or one straggler step (step 250 of train.py). The detector (eacgm_detector, the
 same code `otel-eacgm detector serve` runs) is fed the spans the demo received, warms up on the
 first windows and scores the rest; the demo names the windows it flags and whether they are the
 injected fault's. Run in a terminal, the demo keeps Jaeger up until Ctrl-C and prints its
@@ -85,7 +85,7 @@ def pick_workload(choice: str, steps: int) -> tuple[list[str], str]:
                                capture_output=True, text=True)
         if probe.stdout.strip() == "True" or choice == "train":
             return [python, str(REPO / "examples/train.py"), "--steps", str(steps), "--fault", "straggler",
-                    "--fault-every", "50"], "cuda.driver"
+                    "--fault-every", "250"], "cuda.driver"
     # No GPU: real libcudart calls; the runtime layer, since there is no libcuda to trace.
     return [python, str(REPO / "examples/cuda_steps.py"), "--steps", str(steps),
             "--comm-fault", f"{FAULT_STEPS.start}:{FAULT_STEPS.stop - 1}"], "cuda.runtime"
@@ -235,8 +235,8 @@ def main() -> int:
         store.wait_for(lambda: len(store.spans()) > 0, 5)
         time.sleep(1.5)  # the collector's batch timeout: the last spans are on their way
         report(store, jaeger_ui)
-        report_anomalies(detect(store), (fault[0] - 10**8, fault[-1] + 10**8) if fault else None)
         print(f"logs: {workdir}")
+        report_anomalies(detect(store), (fault[0] - 10**8, fault[-1] + 10**8) if fault else None)
         keep = sys.stdin.isatty() if args.keep is None else args.keep
         if keep:
             print(f"Jaeger: {jaeger_address(jaeger_ui)}")
