@@ -9,10 +9,10 @@ as they arrive (calls per layer, errors), then the slowest calls, the metrics re
 anomaly detector found, and where to look in Jaeger. The workload is examples/train.py on a GPU
 when PyTorch sees one, otherwise examples/cuda_steps.py (real libcudart/libnccl calls that fail
 without a GPU), with a fault injected after the detector's warm-up: a communication slowdown
-(steps 201-250 of cuda_steps.py) or one straggler step (step 250 of train.py). The detector (eacgm_detector, the
-same code `otel-eacgm detector serve` runs) is fed the spans the demo received, warms up on the
-first windows and scores the rest; the demo names the windows it flags and whether they are the
-injected fault's. Run in a terminal, the demo keeps Jaeger up until Ctrl-C and prints its
+(steps 201-250 of cuda_steps.py) or one straggler step (step 250 of train.py). The detector
+(eacgm_detector, the same code `otel-eacgm detector serve` runs) is fed the spans the demo
+received, warms up on the first windows and scores the rest; the demo names the windows it
+flags and whether they are the injected fault's. Run in a terminal, the demo keeps Jaeger up until Ctrl-C and prints its
 address; otherwise (or with --no-keep) it stops it, and prints no address that would be dead.
 Needs root (eBPF).
 
