@@ -30,7 +30,7 @@ def _trace_parser(sub: argparse._SubParsersAction) -> None:
                                    "and write a timeline for ui.perfetto.dev or chrome://tracing. Spans are exported "
                                    "whole (span_sample_ratio 1.0 unless --sample-ratio says otherwise); OTLP export "
                                    "only with --endpoint.")
-    _common_flags(p)
+    _common_flags(p, sample_ratio_default="1.0 in `trace`: every span")
     p.add_argument("--perfetto", required=True, help="the trace file to write (JSON) (required)")
 
 
@@ -50,7 +50,7 @@ def _setting_help(key: str, default: object = None) -> str:
     return f"{doc} (default: {default}; setting {key})"
 
 
-def _common_flags(p: argparse.ArgumentParser) -> None:
+def _common_flags(p: argparse.ArgumentParser, sample_ratio_default: str | None = None) -> None:
     p.add_argument("--config", help="YAML config file, every option at its default: examples/agent.yaml "
                                     "(default: none; environment OTEL_EACGM_<KEY> and these flags override it)")
     p.add_argument("--endpoint", help=_setting_help("endpoint", "OTEL_EXPORTER_OTLP_ENDPOINT, else the SDK's "
@@ -67,7 +67,7 @@ def _common_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--launch-layer", dest="launch_layer", choices=["cuda.driver", "cuda.runtime"],
                    help=_setting_help("launch_layer"))
     p.add_argument("--sample-ratio", dest="span_sample_ratio", type=float, metavar="RATIO",
-                   help=_setting_help("span_sample_ratio"))
+                   help=_setting_help("span_sample_ratio", sample_ratio_default))
     p.add_argument("--log-level", dest="log_level", choices=["debug", "info", "warning", "error", "critical"],
                    type=str.lower, help=_setting_help("log_level"))
     p.add_argument("--dump-bpf", action="store_true", help=argparse.SUPPRESS)
