@@ -98,7 +98,8 @@ def test_host_network_metrics_arrive_from_the_agent(metered_run) -> None:  # noq
     lo = [p for p in points if p["name"] == "system.network.io" and p["attributes"].get("network.interface.name") == "lo"]
     assert lo, sorted({p["name"] for p in points})
     assert lo[0]["resource"]["service.name"] == "otel-eacgm-agent"
-    assert lo[0]["resource"]["team"] == "ml infra"  # the agent's own OTEL_RESOURCE_ATTRIBUTES
+    # the agent's own OTEL_RESOURCE_ATTRIBUTES (the session's store also holds other tests' agents)
+    assert any(p["resource"].get("team") == "ml infra" for p in lo), [p["resource"] for p in lo][:3]
 
 
 def test_call_metrics_carry_the_traced_processes_resource(metered_run) -> None:  # noqa: ANN001
