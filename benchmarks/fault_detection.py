@@ -120,11 +120,16 @@ def write_run(store, stem: Path, pid: int, agent_pid: int, lo: int, hi: int, lea
     with open(f"{stem}.metrics.jsonl", "w") as fh:
         for req in metrics:
             out = ExportMetricsServiceRequest()
+            # The agent exports a process' call statistics under that process' resource (issue
+            # 28), in the same request as its own metrics: they are put under the agent's resource
+            # here, so the metrics model keeps seeing one entity, as in the earlier runs.
+            agent_res = next((rm.resource for rm in req.resource_metrics
+                              if attrs(rm.resource.attributes).get("process.pid") == agent_pid), None)
             for rm in req.resource_metrics:
-                if attrs(rm.resource.attributes).get("process.pid") != agent_pid:
+                if agent_res is None or attrs(rm.resource.attributes).get("process.pid") not in (agent_pid, pid):
                     continue
                 nrm = out.resource_metrics.add()
-                nrm.resource.CopyFrom(rm.resource)
+                nrm.resource.CopyFrom(agent_res)
                 for sm in rm.scope_metrics:
                     nsm = nrm.scope_metrics.add()
                     nsm.scope.CopyFrom(sm.scope)

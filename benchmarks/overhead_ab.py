@@ -176,11 +176,12 @@ def run_config(cfg: str, rnd: int, work: Workload, args: argparse.Namespace, end
 
 def call_series(store, agent_pid: int, workload_pid: int) -> dict[tuple, list[tuple[int, float]]]:  # noqa: ANN001
     """The agent's cumulative eacgm.calls points about the workload: per series (its sorted
-    attributes), (time, value) in time order."""
+    attributes), (time, value) in time order. The points come under the workload's resource
+    (since issue 28; under the agent's before), so either resource pid is taken."""
     series: dict[tuple, list[tuple[int, float]]] = collections.defaultdict(list)
     for p in store.metric_points():
         a = p["attributes"]
-        if p["name"] == "eacgm.calls" and p["resource"].get("process.pid") == agent_pid and \
+        if p["name"] == "eacgm.calls" and p["resource"].get("process.pid") in (agent_pid, workload_pid) and \
                 a.get("process.pid") == workload_pid:
             series[tuple(sorted((k, str(v)) for k, v in a.items()))].append((p["time"], p["value"]))
     for pts in series.values():

@@ -7,12 +7,19 @@
 
 Starts the real Collector (collector-config/demo.yaml), a local Jaeger
 (collector-config/jaeger-local.yaml), Zipkin (scripts/fetch-zipkin.sh, its Lens UI) and
-VictoriaLogs (scripts/build-victorialogs.sh, its web UI), runs `otel-eacgm agent -- <workload>` and prints the spans
-as they arrive (calls per layer, errors), then the slowest calls, the metrics received, and where
-to look in Jaeger. The workload is examples/train.py on a GPU when PyTorch sees one, otherwise
-examples/cuda_steps.py (real libcudart/libnccl calls that fail without a GPU). Needs root (eBPF).
+VictoriaLogs (scripts/build-victorialogs.sh, its web UI), runs `otel-eacgm agent -- <workload>`
+and prints the spans as they arrive (calls per layer, errors), then the slowest calls, the
+metrics received, what the anomaly detector found, and where to look. The workload is
+examples/train.py on a GPU when PyTorch sees one, otherwise examples/cuda_steps.py (real
+libcudart/libnccl calls that fail without a GPU), with a fault injected after the detector's
+warm-up: a communication slowdown (steps 201-250 of cuda_steps.py) or one straggler step (step
+250 of train.py). The detector (eacgm_detector, the same code `otel-eacgm detector serve` runs)
+is fed the spans the demo received, warms up on the first windows and scores the rest; the demo
+names the windows it flags and whether they are the injected fault's. Run in a terminal, the
+demo keeps the backends up until Ctrl-C and prints their addresses; otherwise (or with
+--no-keep) it stops them, and prints no address that would be dead. Needs root (eBPF).
 
-    .venv/bin/python examples/demo.py [--steps 30] [--keep] [--workload auto|train|cuda-steps]
+    .venv/bin/python examples/demo.py [--steps 300] [--keep|--no-keep] [--workload auto|train|cuda-steps]
 """
 
 from __future__ import annotations
@@ -80,18 +87,60 @@ def start_zipkin_and_victorialogs(env: dict[str, str], zipkin_port: int, vl_port
     wait_port(vl_port, "VictoriaLogs", vl, vlog)
     wait_port(zipkin_port, "Zipkin", zipkin, zlog, timeout_s=180)
     return [zipkin, vl]
+# The detector as the demo runs it: short windows and the shortest warm-up the config allows
+# (as tests/fixtures/detector-e2e.yaml), so a run of a few seconds learns the workload and then
+# scores it. The fault starts once the warm-up (16 windows of 0.5 s, ~160 steps) is over.
+DETECTOR = {"window_s": 0.5, "grace_s": 1.0, "warmup_windows": 16, "refit_every": 1000}
+FAULT_STEPS = range(201, 251)
 
 
 def pick_workload(choice: str, steps: int) -> tuple[list[str], str]:
-    """(command, launch layer) of the example workload."""
+    """(command, launch layer) of the example workload, with its fault after the warm-up."""
     python = sys.executable
     if choice in ("auto", "train"):
         probe = subprocess.run([python, "-c", "import torch; print(torch.cuda.is_available())"],
                                capture_output=True, text=True)
         if probe.stdout.strip() == "True" or choice == "train":
-            return [python, str(REPO / "examples/train.py"), "--steps", str(steps), "--slow-step", "10"], "cuda.driver"
+            return [python, str(REPO / "examples/train.py"), "--steps", str(steps), "--fault", "straggler",
+                    "--fault-every", "250"], "cuda.driver"
     # No GPU: real libcudart calls; the runtime layer, since there is no libcuda to trace.
-    return [python, str(REPO / "examples/cuda_steps.py"), "--steps", str(steps), "--slow-step", "10"], "cuda.runtime"
+    return [python, str(REPO / "examples/cuda_steps.py"), "--steps", str(steps),
+            "--comm-fault", f"{FAULT_STEPS.start}:{FAULT_STEPS.stop - 1}"], "cuda.runtime"
+
+
+def detect(store: Store) -> list:
+    """The detector's results for the traces the demo received, in arrival order (as the
+    collector would have sent them), every window closed at the end."""
+    from eacgm_detector.config import DetectorConfig  # noqa: PLC0415 - the detector's own code
+    from eacgm_detector.pipeline import Detector  # noqa: PLC0415
+
+    det = Detector(DetectorConfig(**DETECTOR).validate())
+    results = []
+    with store._lock:  # noqa: SLF001 - the demo's own store
+        requests = list(store.traces)
+    for req in requests:
+        det.add_traces(req)
+        results += det.ready()
+    return results + det.drain()
+
+
+def report_anomalies(results: list, fault_ns: tuple[int, int] | None) -> None:
+    """What the detector found: each flagged window, its score and top features, and whether it
+    lies in the injected fault."""
+    scored = [r for r in results if r.score is not None]
+    flagged = [r for r in scored if r.anomalous]
+    print(f"detector: {len(results) - len(scored)} windows of {DETECTOR['window_s']} s to warm up, "
+          f"{len(scored)} scored, {len(flagged)} anomalous")
+    for r in flagged:
+        start = time.strftime("%H:%M:%S", time.localtime(r.start_ns / 1e9)) + f".{r.start_ns % 10**9 // 10**6:03d}"
+        inside = fault_ns is not None and r.start_ns < fault_ns[1] and r.end_ns > fault_ns[0]
+        features = ", ".join(f"{c.name} ({c.value:.3g})" for c in r.top[:3])
+        print(f"  ANOMALY at {start}, {(r.end_ns - r.start_ns) / 1e9:.1f} s window: score {r.score:.1f} below "
+              f"{r.threshold:.1f}; top features: {features}" + ("  <- the injected fault" if inside else ""))
+    if fault_ns is not None:
+        found = any(r.start_ns < fault_ns[1] and r.end_ns > fault_ns[0] for r in flagged)
+        print(f"injected fault: communication slowdown, steps {FAULT_STEPS.start}-{FAULT_STEPS.stop - 1}: "
+              + ("found by the detector" if found else "NOT found by the detector"))
 
 
 def live_summary(store: Store, stop: threading.Event, progress: list[str]) -> None:
@@ -134,19 +183,26 @@ def report(store: Store, jaeger_ui: str | None) -> None:
         url = f"{jaeger_ui}/api/traces?service={SERVICE}&limit=1000"
         with urllib.request.urlopen(url, timeout=10) as resp:
             traces = json.load(resp)["data"]
-        print(f"Jaeger holds {len(traces)} traces of {SERVICE!r}: {url}")
-        with urllib.request.urlopen(f"{jaeger_ui}/", timeout=10) as resp:
-            has_ui = "not the Jaeger UI you are looking for" not in resp.read().decode()
-        print(f"  UI: {jaeger_ui}/search?service={SERVICE}" if has_ui else
-              "  (this Jaeger build has no UI: set EACGM_JAEGER_UI_ASSETS to a jaeger-ui build directory)")
+        print(f"Jaeger holds {len(traces)} traces of {SERVICE!r}")
+
+
+def jaeger_address(jaeger_ui: str) -> str:
+    """The address to open: the UI where this Jaeger build has one, else its query API."""
+    with urllib.request.urlopen(f"{jaeger_ui}/", timeout=10) as resp:
+        has_ui = "not the Jaeger UI you are looking for" not in resp.read().decode()
+    if has_ui:
+        return f"{jaeger_ui}/search?service={SERVICE}"
+    return (f"{jaeger_ui}/api/traces?service={SERVICE}&limit=20 (query API; this Jaeger build has no UI: set "
+            "EACGM_JAEGER_UI_ASSETS to a jaeger-ui build directory)")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--steps", type=int, default=300, help="workload steps (the detector warms up on ~160)")
     ap.add_argument("--workload", choices=["auto", "train", "cuda-steps"], default="auto")
-    ap.add_argument("--keep", action="store_true",
-                    help="keep the collector, Jaeger, Zipkin and VictoriaLogs running until Ctrl-C")
+    ap.add_argument("--keep", action=argparse.BooleanOptionalAction, default=None,
+                    help="keep the collector, Jaeger, Zipkin and VictoriaLogs running until Ctrl-C "
+                         "(default: when stdin is a terminal)")
     ap.add_argument("--ui-port", type=int, default=16686, help="Jaeger UI / query API port")
     ap.add_argument("--zipkin-port", type=int, default=9411, help="Zipkin (Lens UI and API) port")
     ap.add_argument("--victorialogs-port", type=int, default=9428, help="VictoriaLogs (UI and query API) port")
@@ -187,8 +243,12 @@ def main() -> int:
         run = subprocess.Popen(agent, env=dict(env, OTEL_SERVICE_NAME=SERVICE, OTEL_EACGM_METRICS_INTERVAL_S="2",
                                         OTEL_EACGM_SPAN_SAMPLE_RATIO="1"),  # a demo shows every span,
                                stdout=subprocess.PIPE, stderr=alog.open("wb"), text=True)
+        fault: list[int] = []  # wall-clock ns of the first and last faulty step lines
         for line in run.stdout:
             progress.append(line.strip())
+            if "fault" in line:
+                now = time.time_ns()
+                fault = [fault[0] if fault else now, now]
         status = run.wait()
         stop.set()
         ticker.join()
@@ -197,17 +257,22 @@ def main() -> int:
         store.wait_for(lambda: len(store.spans()) > 0, 5)
         time.sleep(1.5)  # the collector's batch timeout: the last spans are on their way
         report(store, jaeger_ui)
-        print(f"Zipkin (Lens UI): http://127.0.0.1:{args.zipkin_port}/zipkin/?serviceName={SERVICE}")
-        print(f"VictoriaLogs (UI): http://127.0.0.1:{args.victorialogs_port}/select/vmui/ "
-              "(the detector's eacgm.anomaly records, where a detector sends its output to this collector)")
         print(f"logs: {workdir}")
-        if args.keep:
-            print("collector and Jaeger keep running; Ctrl-C to stop")
+        report_anomalies(detect(store), (fault[0] - 10**8, fault[-1] + 10**8) if fault else None)
+        keep = sys.stdin.isatty() if args.keep is None else args.keep
+        if keep:
+            print(f"Jaeger: {jaeger_address(jaeger_ui)}")
+            print(f"Zipkin (Lens UI): http://127.0.0.1:{args.zipkin_port}/zipkin/?serviceName={SERVICE}")
+            print(f"VictoriaLogs (UI): http://127.0.0.1:{args.victorialogs_port}/select/vmui/ "
+                  "(the detector's eacgm.anomaly records, where a detector sends its output to this collector)")
+            print("collector, Jaeger, Zipkin and VictoriaLogs keep running until Ctrl-C", flush=True)
             try:
                 while True:
                     time.sleep(3600)
             except KeyboardInterrupt:
                 pass
+        else:
+            print("the backends stopped with the demo (stdin is not a terminal); --keep keeps them up until Ctrl-C")
         return status
     finally:
         for proc in reversed(procs):

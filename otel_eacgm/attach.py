@@ -10,12 +10,13 @@ import logging
 from collections.abc import Iterable, MutableMapping
 
 from otel_eacgm.attach_plan import Pair, plan_catalog, plan_operators, plan_python
-from otel_eacgm.bpf_program import BpfError, CallProgram, SymbolMissing
+from otel_eacgm.bpf_program import BpfError, CallProgram, ProcessGone, SymbolMissing
 from otel_eacgm.probe_links import Group, GroupKind, ProbeLinks
 from otel_eacgm.probes import python_usdt, torch_ops
 from otel_eacgm.probes.catalog import TORCH_SLOTS, Family, ProbeSpec, torch_spec
 from otel_eacgm.probes.elf import ElfError
 from otel_eacgm.probes.libraries import MappedLibrary
+from otel_eacgm.short_lived import ShortLivedProcesses
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +27,7 @@ class TorchSelection:
 
     include: tuple[str, ...] = torch_ops.DEFAULT_INCLUDE
     exclude: tuple[str, ...] = torch_ops.DEFAULT_EXCLUDE
-    max_ops: int = 200
+    max_ops: int = len(TORCH_SLOTS)
 
 
 class Attacher:
@@ -56,6 +57,7 @@ class Attacher:
         self._python_regs: tuple[int, int, int] | None = None
         self.python_without_usdt: dict[str, str] = {}  # interpreter path -> why it has no function probes
         self.torch_ops: dict[str, int] = {}             # library path -> operators probed
+        self.short_lived = ShortLivedProcesses()        # processes gone before their probes were linked
 
     @property
     def files(self) -> dict[tuple[int, int], str]:
@@ -187,6 +189,10 @@ class Attacher:
         try:
             self._links.attach(Group(GroupKind.PYTHON, lib.path, scope), plan_python(probes),
                                label="python:function__entry/function__return")
+        except ProcessGone as exc:
+            del self._python_files[key]
+            self.short_lived.note(pid, lib.path, exc)
+            return 0
         except BpfError as exc:
             self.failed[lib.path] = ["python:function__entry"]
             log.error("%s", exc)

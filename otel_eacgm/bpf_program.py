@@ -36,6 +36,11 @@ class BpfError(RuntimeError):
     """The BPF program could not be compiled, loaded or attached."""
 
 
+class ProcessGone(BpfError):
+    """Probes scoped to one process could not be linked because it has exited (a short-lived
+    child, such as the `ldconfig -p` that `import torch` runs): nothing of it can be traced."""
+
+
 class SymbolMissing(BpfError):
     """A catalog symbol is not in this library version (skipped, never fatal)."""
 

@@ -12,20 +12,24 @@ from otel_eacgm.bpf_program import CallProgram
 from otel_eacgm.guardrail import Guardrail
 from otel_eacgm.metrics.call_stats import CallStatistics
 from otel_eacgm.pause_cycle import PauseCycle
+from otel_eacgm.operator_shedding import OperatorShedder
 
 
 class CallStatsReader:
-    """Folds the kernel's entries into `call_stats` (scaled by the guardrail) and frees the
-    entries of processes gone for two metric intervals (after their last counts went out)."""
+    """Folds the kernel's entries into `call_stats` (scaled by the guardrail), lets the operator
+    shedder judge them, and frees the entries of processes gone for two metric intervals (after
+    their last counts went out)."""
 
     def __init__(self, program: CallProgram, call_stats: CallStatistics, guardrail: Guardrail | None, *,
-                 metrics_interval_s: float, guardrail_period_s: float, pause: PauseCycle | None = None) -> None:
+                 metrics_interval_s: float, guardrail_period_s: float, shedder: OperatorShedder | None = None,
+                 pause: PauseCycle | None = None) -> None:
         """With `pause`, nothing is read while the probes are paused, and the guardrail runs on
         the traced time (pause_cycle.py)."""
         self._program = program
         self._pause = pause
         self._call_stats = call_stats
         self._guardrail = guardrail
+        self._shedder = shedder
         self._keep_s = 2 * metrics_interval_s
         self._every_s = metrics_interval_s / 2 if guardrail is None \
             else min(metrics_interval_s / 2, guardrail_period_s / 2)
@@ -45,6 +49,8 @@ class CallStatsReader:
         """The guardrail's tick, then a read if one is due."""
         if self._pause is not None and self._pause.paused:
             return
+        if self._shedder is not None:
+            self._shedder.tick()
         period_done = self._guardrail.tick(self._clock(now)) if self._guardrail is not None else False
         cycling = self._guardrail is not None and self._guardrail.cycling
         if period_done if cycling else now >= self._next:
@@ -60,6 +66,8 @@ class CallStatsReader:
         entries = self._program.call_stats()
         scale = self._guardrail.observe(entries, self._clock(now)) if self._guardrail is not None else None
         self._call_stats.update(entries, scale)
+        if self._shedder is not None:
+            self._shedder.observe(entries, now)
         if gone:
             self._forget = [(t, pid) for t, pid in self._forget if pid not in gone]
             for pid in gone:

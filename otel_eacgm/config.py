@@ -80,8 +80,12 @@ class AgentConfig(Settings):
     """ATen operators to probe: fnmatch patterns on the operator (addmm, aten::addmm) or operator.overload (add.Tensor)."""
     torch_exclude: list[str] = dataclasses.field(default_factory=lambda: list(torch_ops.DEFAULT_EXCLUDE))
     """ATen operators never probed, same patterns (default: the out= variants)."""
-    torch_max_ops: int = 200
-    """Cap on probed operators per libtorch_cpu (earlier torch_include patterns win); logged when it bites."""
+    torch_max_ops: int = len(TORCH_SLOTS)
+    """Cap on probed operators per libtorch_cpu, at most 256 (earlier torch_include patterns win); logged when it
+    bites. The default patterns' specific operators all fit; the cap drops only generic *_backward and _foreach_*."""
+    torch_shed_share: float = 0.01
+    """Stop probing an operator whose probes cost at least this share of a thread and whose calls last less than
+    5 times their two probe hits (high-rate tiny operators; logged, gauge eacgm.agent.operators.shed; 0: never)."""
     python_include: list[str] = dataclasses.field(default_factory=lambda: list(python_usdt.DEFAULT_INCLUDE))
     """Python functions traced though python_exclude matches them: MODULE[:FUNCTION], :FUNCTION or <PREFIX."""
     python_exclude: list[str] = dataclasses.field(default_factory=lambda: list(python_usdt.DEFAULT_EXCLUDE))
@@ -169,6 +173,8 @@ class AgentConfig(Settings):
         for name in ("export_timeout_s", "scan_interval_s", "metrics_interval_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} {getattr(self, name)} must be > 0")
+        if not 0.0 <= self.torch_shed_share < 1.0:
+            raise ConfigError(f"torch_shed_share {self.torch_shed_share} must be in [0, 1)")
         if not 0 < self.torch_max_ops <= len(TORCH_SLOTS):
             raise ConfigError(f"torch_max_ops {self.torch_max_ops} must be in [1, {len(TORCH_SLOTS)}]")
         try:

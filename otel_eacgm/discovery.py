@@ -64,6 +64,11 @@ class Discovery:
             self.symbols.track(pid)  # its map, read while it lives, names its launches
         return res
 
+    def known_resource(self, pid: int) -> Resource | None:
+        """The resource of a process already seen, None otherwise (never reads /proc: a process
+        that has exited must not be looked up again)."""
+        return self._resources.get(pid)
+
     def is_target(self, pid: int) -> bool:
         """Whether `pid` is traced (per-process host metrics follow the traced processes)."""
         return pid in self._program.targets()

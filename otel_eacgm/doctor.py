@@ -214,9 +214,33 @@ def run_checks() -> list[Check]:
     return checks
 
 
-def run_doctor(as_json: bool = False) -> int:
-    """Print the report; 1 when tracing cannot work."""
-    checks = run_checks()
+def check_endpoint(protocol: str, endpoint: str | None, insecure: bool | None, timeout_s: float = 5.0) -> Check:
+    """A real OTLP export (an empty span batch) to the endpoint as the agent would send it;
+    when it fails, what listens there and the fix (endpoint_check)."""
+    from opentelemetry.sdk.trace.export import SpanExportResult  # noqa: PLC0415
+
+    from otel_eacgm.endpoint_check import advice, probe, resolve  # noqa: PLC0415
+    from otel_eacgm.export import span_exporter  # noqa: PLC0415
+
+    target = resolve(protocol, endpoint, insecure)
+    how = f"{target.endpoint} ({protocol}, {'TLS' if target.tls else 'plaintext'})"
+    exporter = span_exporter(protocol, endpoint, insecure, timeout_s)
+    try:
+        result = exporter.export([])
+    except Exception as exc:  # noqa: BLE001 - the exporter's own failure is the finding
+        result, how = SpanExportResult.FAILURE, f"{how}: {exc}"
+    finally:
+        exporter.shutdown()
+    if result is SpanExportResult.SUCCESS:
+        return Check("endpoint", True, f"an OTLP export to {how} was accepted")
+    fix = advice(target, probe(target.host, target.port)) or "the endpoint answers but refused the export: see its log"
+    return Check("endpoint", False, f"an OTLP export to {how} failed", fix)
+
+
+def run_doctor(as_json: bool = False, endpoint: Check | None = None) -> int:
+    """Print the report (with `endpoint`, the result of check_endpoint, when asked for); 1 when
+    tracing cannot work or the endpoint check failed."""
+    checks = run_checks() + ([endpoint] if endpoint is not None else [])
     if as_json:
         print(json.dumps([dataclasses.asdict(c) for c in checks], indent=2))
     else:

@@ -8,6 +8,7 @@ down and every span is either exported or counted as dropped.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import threading
 import time
@@ -58,31 +59,61 @@ class ProducingMetricExporter(MetricExporter):
     """Adds metrics made outside the SDK's instruments to every export.
 
     The call statistics arrive from the kernel already aggregated (cumulative histograms), which
-    no OpenTelemetry instrument can take; they are appended here, under their own scope and the
-    agent's resource, so they leave with the other metrics at the same interval.
+    no OpenTelemetry instrument can take; they are appended here, under their own scope, so they
+    leave with the other metrics at the same interval. Each data point goes under the resource
+    of the process it counts (`resource_for` its ``process.pid``), so an application's call
+    counts and latencies sit under its own service in any backend; a process whose resource is
+    not known any more keeps the last one seen, and points of no process go under `resource`,
+    the agent's.
     """
 
     def __init__(self, inner: MetricExporter, produce: Callable[[], list[Metric]], resource: Resource,
-                 scope: InstrumentationScope) -> None:
+                 scope: InstrumentationScope, resource_for: Callable[[int], Resource | None] | None = None) -> None:
         super().__init__(preferred_temporality=inner._preferred_temporality,  # noqa: SLF001 - pass-through
                          preferred_aggregation=inner._preferred_aggregation)  # noqa: SLF001
         self._inner = inner
         self._produce = produce
         self._resource = resource
         self._scope = scope
+        self._resource_for = resource_for
+        self._seen: dict[int, Resource] = {}
+
+    def _owner(self, pid: object) -> Resource:
+        if self._resource_for is None or not isinstance(pid, int):
+            return self._resource
+        res = self._resource_for(pid)
+        if res is not None:
+            self._seen[pid] = res
+        return self._seen.get(pid, self._resource)
+
+    def _by_resource(self, metrics: list[Metric]) -> dict[Resource, list[Metric]]:
+        """`metrics` split by the resource of each data point's process."""
+        points: dict[tuple[Resource, str], list[object]] = {}
+        for metric in metrics:
+            for point in metric.data.data_points:
+                key = (self._owner((point.attributes or {}).get("process.pid")), metric.name)
+                points.setdefault(key, []).append(point)
+        out: dict[Resource, list[Metric]] = {}
+        for metric in metrics:
+            for (res, name), mine in points.items():
+                if name == metric.name:
+                    data = dataclasses.replace(metric.data, data_points=mine)
+                    out.setdefault(res, []).append(dataclasses.replace(metric, data=data))
+        return out
 
     def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: object) -> MetricExportResult:
         """Export the SDK's batch plus the produced metrics."""
         extra = self._produce()
         if extra:
-            mine = ScopeMetrics(self._scope, extra, schema_url="")
             resources = list(metrics_data.resource_metrics)
-            for i, rm in enumerate(resources):
-                if rm.resource == self._resource:
-                    resources[i] = ResourceMetrics(rm.resource, [*rm.scope_metrics, mine], rm.schema_url)
-                    break
-            else:
-                resources.append(ResourceMetrics(self._resource, [mine], schema_url=""))
+            for res, metrics in self._by_resource(extra).items():
+                mine = ScopeMetrics(self._scope, metrics, schema_url="")
+                for i, rm in enumerate(resources):
+                    if rm.resource == res:
+                        resources[i] = ResourceMetrics(rm.resource, [*rm.scope_metrics, mine], rm.schema_url)
+                        break
+                else:
+                    resources.append(ResourceMetrics(res, [mine], schema_url=""))
             metrics_data = MetricsData(resources)
         return self._inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
 
@@ -105,11 +136,12 @@ class SpanQueue:
     """Bounded span queue with one export thread; counts what it exports and what it drops.
 
     A full queue drops the *new* span (the oldest ones are already batched for export) and
-    counts it; a failed export counts its spans as dropped and the queue carries on.
+    counts it; a failed export counts its spans as dropped, tells `on_failure` (the endpoint
+    check, endpoint_check.ExportDiagnosis) and the queue carries on.
     """
 
     def __init__(self, exporter: SpanExporter, *, max_size: int = 65536, batch_size: int = 512,
-                 interval_s: float = 0.5) -> None:
+                 interval_s: float = 0.5, on_failure: Callable[[], object] | None = None) -> None:
         if max_size < batch_size or batch_size <= 0:
             raise ValueError(f"queue max_size {max_size} must be >= batch_size {batch_size} > 0")
         self._exporter = exporter
@@ -117,6 +149,7 @@ class SpanQueue:
         self._max = max_size
         self._batch = batch_size
         self._interval = interval_s
+        self._on_failure = on_failure  # told of each failed export, on the export thread
         self._cond = threading.Condition()
         self._closing = False
         self.enqueued = 0
@@ -156,6 +189,8 @@ class SpanQueue:
             self.export_failures += 1
             self.dropped += len(batch)
             log.warning("span export failed: %d spans dropped (%d so far)", len(batch), self.dropped)
+            if self._on_failure is not None:
+                self._on_failure()
 
     def _run(self) -> None:
         while True:

@@ -87,6 +87,7 @@ class RecordPipeline:
             self._call_stats.incomplete(ev.pid, None if python else self._rows.get(ev.probe_id), span.name)
 
     def _on_thread_exit(self, rec: ThreadExitEvent) -> None:
+        self._shaper.forget_thread(rec.tid)
         for ev in self._program.pop_frames(rec.pid, rec.tid, rec.depth):
             ev.flags |= CallFlags.INCOMPLETE
             ev.exit_ns = rec.exit_ns

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import enum
+import errno
 import logging
 import os
 import queue
@@ -21,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from otel_eacgm import uprobe_multi
-from otel_eacgm.bpf_program import BpfError, CallProgram, Tail
+from otel_eacgm.bpf_program import BpfError, CallProgram, ProcessGone, Tail
 
 log = logging.getLogger(__name__)
 
@@ -188,7 +189,7 @@ class ProbeLinks:
             entry.handles += handles
             entry.probes += tuple(attached)
         except BpfError as exc:
-            raise BpfError(f"{label or group.kind.value}: {exc}") from None
+            raise type(exc)(f"{label or group.kind.value}: {exc}") from None
 
     def _link(self, group: Group, probes: Sequence[Probe], retprobe: bool) -> int:
         refs = tuple(p.ref_ctr_offset for p in probes)
@@ -211,6 +212,9 @@ class ProbeLinks:
                     handles.append(self._link(group, part, retprobe))
                     attached += part
                 except uprobe_multi.LinkError as exc:
+                    if exc.errno == errno.ESRCH and group.pid != -1:
+                        self._close_handles(handles)
+                        raise ProcessGone(f"{exc} (pid {group.pid} has exited)") from None
                     try:
                         if len(part) == 1:
                             raise BpfError(f"{exc}; see the kernel log (dmesg)") from None
@@ -225,8 +229,10 @@ class ProbeLinks:
         for p in probes:
             try:
                 names.append(self._attach_perf(group, p))
-            except BpfError:
+            except BpfError as exc:
                 self._close_handles(names)
+                if group.pid != -1 and not os.path.exists(f"/proc/{group.pid}"):
+                    raise ProcessGone(f"{exc} (pid {group.pid} has exited)") from None
                 raise
         return names, list(probes)
 
@@ -332,6 +338,34 @@ class ProbeLinks:
                     except BpfError as exc:
                         log.warning("resuming %s probes of %s failed: %s", group.kind.value, group.path, exc)
         return n
+
+    def drop(self, kind: GroupKind, slots: set[int], *, overlap: bool = False) -> int:
+        """Take the probes of `slots` out of every group of `kind` for good (operator shedding);
+        returns the probes dropped. An attached group is linked again without them: with
+        `overlap`, the new link is made before the old one is closed (return probes: a call
+        returning meanwhile is seen twice, the second time as an unmatched return, never lost),
+        else after (entry probes: a call entered meanwhile is not seen, rather than seen twice)."""
+        dropped = 0
+        for group, entry in self._groups.items():
+            keep = tuple(p for p in entry.probes if p.slot not in slots)
+            if group.kind is not kind or len(keep) == len(entry.probes):
+                continue
+            dropped += len(entry.probes) - len(keep)
+            old, entry.probes = entry.handles, keep
+            if not old:  # detached by the guardrail: re-attached later without them
+                continue
+            if not overlap:
+                self._close_handles(old)
+            try:
+                entry.handles, attached = self._attach_now(group, keep) if keep else ([], [])
+                entry.probes = tuple(attached)
+            except BpfError as exc:
+                entry.handles = []
+                log.warning("re-linking %s probes of %s without %d shed probes failed: %s", kind.value, group.path,
+                            len(slots), exc)
+            if overlap:
+                self._close_handles(old)
+        return dropped
 
     @property
     def probe_count(self) -> int:

@@ -55,7 +55,8 @@ class _Held:
 class ShapingCounters:
     """What the shaper did (agent summary and self-telemetry)."""
 
-    traces: int = 0
+    root_spans: int = 0     # spans exported without a parent: outermost calls and split-off subtrees
+    traces: int = 0         # distinct trace ids exported: lone outermost calls of a thread share one per slice
     split: int = 0          # child subtrees emitted on their own (size or delay bound)
     sampled_out: int = 0    # spans not exported by sampling
     held: int = 0           # spans held now, waiting for their parents
@@ -75,6 +76,7 @@ class TraceShaper:
         self.slice_s = slice_s
         self.slow_ns = int(slow_s * 1e9)
         self._held: dict[int, _Held] = {}
+        self._slices: dict[tuple[int, int], int] = {}  # (pid, tid) -> trace id of its last sliced trace
         self.counters = ShapingCounters()
 
     # --- input ----------------------------------------------------------------------------
@@ -92,7 +94,9 @@ class TraceShaper:
         if not parent_id:
             if len(subtree) == 1 and self.slice_s > 0:
                 index = int(span.start_time / 1e9 // self.slice_s) if span.start_time else 0
-                self._emit(subtree, self._ids.slice_trace_id(pid, tid, index), cut=False)
+                trace_id = self._ids.slice_trace_id(pid, tid, index)
+                if self._emit(subtree, trace_id, cut=False, shared=self._slices.get((pid, tid)) == trace_id):
+                    self._slices[(pid, tid)] = trace_id
             else:
                 self._emit(subtree, self._ids.trace_id(call_id), cut=False)
             return
@@ -125,7 +129,9 @@ class TraceShaper:
         self.counters.held = 0
 
     def forget_thread(self, tid: int) -> None:
-        """A thread died: its open calls are reported as incomplete by the agent, nothing to do."""
+        """A thread died: its open calls are reported as incomplete by the agent; its slice is done."""
+        for key in [k for k in self._slices if k[1] == tid]:
+            del self._slices[key]
 
     # --- output ---------------------------------------------------------------------------
     def _split(self, held: _Held) -> None:
@@ -136,15 +142,20 @@ class TraceShaper:
         held.children = []
         held.count = 0
 
-    def _emit(self, nodes: list[_Node], trace_id: int, *, cut: bool) -> None:
+    def _emit(self, nodes: list[_Node], trace_id: int, *, cut: bool, shared: bool = False) -> bool:
+        """Export `nodes` (a subtree, root first) as trace `trace_id`; `shared`: that trace was
+        exported to before (the thread's current slice), so it is not counted as a new one.
+        False when sampling kept none of them."""
         root = nodes[0]
         keep = None
         if not root.sampled:
             keep = self._interesting(nodes)
             self.counters.sampled_out += len(nodes) - len(keep)
             if not keep:
-                return
-        self.counters.traces += 1
+                return False
+        self.counters.root_spans += 1
+        if not shared:
+            self.counters.traces += 1
         for node in nodes:
             if keep is not None and node.call_id not in keep:
                 continue
@@ -152,6 +163,7 @@ class TraceShaper:
             parent = 0 if top and (cut or not node.parent_id) else node.parent_id
             extra = {"eacgm.parent.span_id": f"{self._ids.span_id(node.parent_id):016x}"} if top and cut else None
             self._sink(_rebuild(node.span, trace_id, self._ids.span_id(parent) if parent else 0, extra))
+        return True
 
     def _interesting(self, nodes: list[_Node]) -> set[int]:
         """Call ids of slow or failed spans and of their ancestors among `nodes`."""

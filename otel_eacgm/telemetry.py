@@ -18,6 +18,7 @@ from otel_eacgm.bpf_program import CallProgram
 from otel_eacgm.events import Stat
 from otel_eacgm.export import SpanQueue
 from otel_eacgm.guardrail import Guardrail
+from otel_eacgm.operator_shedding import OperatorShedder
 from otel_eacgm.probe_links import ProbeLinks
 from otel_eacgm.shaping import TraceShaper
 
@@ -39,8 +40,9 @@ class AgentTelemetry:
     """Reads the agent's counters; registers them as OTel instruments and writes the summary."""
 
     def __init__(self, *, program: CallProgram, links: ProbeLinks, attacher: Attacher, queue: SpanQueue,
-                 shaper: TraceShaper, guardrail: Guardrail | None) -> None:
+                 shaper: TraceShaper, guardrail: Guardrail | None, shedder: OperatorShedder | None = None) -> None:
         self.counters = Counters()
+        self._shedder = shedder
         self._program = program
         self._links = links
         self._attacher = attacher
@@ -69,7 +71,9 @@ class AgentTelemetry:
                 f"depth_overflow={stats[Stat.DEPTH_OVERFLOW]} unmatched_returns={stats[Stat.UNMATCHED_RETURN]} "
                 f"cycled_returns={stats[Stat.CYCLED_RETURN]} "
                 f"probes={self._links.probe_count} files={len(self._attacher.files)} "
-                f"traces={shaper.traces} split={shaper.split} "
+                f"short_lived={self._attacher.short_lived.count} "
+                f"shed_ops={len(self._shedder.shed) if self._shedder is not None else 0} "
+                f"root_spans={shaper.root_spans} traces={shaper.traces} split={shaper.split} "
                 f"sampled_out={self.sampled_out(stats)} held={shaper.held}")
 
     def register(self, meters: MeterProvider) -> None:
@@ -101,6 +105,13 @@ class AgentTelemetry:
             unit="s", description="CPU time of the agent process (its own cost, beside the probes' estimate)")
         if self._guardrail is not None:
             self._register_guardrail(meter, self._guardrail)
+        if self._shedder is not None:
+            shedder = self._shedder
+            meter.create_observable_gauge(
+                "eacgm.agent.operators.shed", _observe(lambda: [
+                    Observation(rate, {"code.function.name": name}) for name, rate in shedder.shed_rates().items()]),
+                unit="{call}/s", description="Operators no longer probed because their probes cost more than their "
+                                             "spans tell: calls per second each had when it was shed")
 
     @staticmethod
     def _register_guardrail(meter: Meter, g: Guardrail) -> None:

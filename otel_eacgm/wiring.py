@@ -6,13 +6,11 @@ metrics, guardrail, self-telemetry). Nothing here runs; Agent.run does (agent.py
 from __future__ import annotations
 
 import dataclasses
-import os
 import socket
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
@@ -25,6 +23,7 @@ from otel_eacgm.clock import EpochClock
 from otel_eacgm.config import AgentConfig
 from otel_eacgm.decoders import DecodeContext
 from otel_eacgm.discovery import Discovery
+from otel_eacgm.endpoint_check import ExportDiagnosis
 from otel_eacgm.export import ProducingMetricExporter, SpanQueue, meter_provider, metric_exporter, span_exporter
 from otel_eacgm.guardrail import Guardrail
 from otel_eacgm.kernel_names import KernelNames
@@ -32,11 +31,13 @@ from otel_eacgm.launcher import Launcher
 from otel_eacgm.pause_cycle import PauseCycle
 from otel_eacgm.metrics.call_stats import CallStatistics
 from otel_eacgm.metrics.host import start_host_metrics
+from otel_eacgm.operator_shedding import OperatorShedder
 from otel_eacgm.perfetto import NullMetricExporter, PerfettoExporter, TeeSpanExporter
 from otel_eacgm.pipeline import RecordPipeline
 from otel_eacgm.probe_links import ProbeLinks
 from otel_eacgm.probes.catalog import Layer, ProbeSpec, Role, enabled_rows
 from otel_eacgm.probes.python_usdt import compile_rules
+from otel_eacgm.resources import agent_resource
 from otel_eacgm.process_symbols import ProcessSymbols
 from otel_eacgm.shaping import TraceShaper
 from otel_eacgm.spans import SpanBuilder, error_type
@@ -107,8 +108,11 @@ def build_agent(cfg: AgentConfig, command: Sequence[str] | None = None, *, dump_
                           min_duty=cfg.guardrail_min_duty, now=time.monotonic(), mark_gap=program.set_cycle_gap,
                           clock=pause.traced_time if pause is not None else lambda t: t) \
         if cfg.overhead_budget > 0 and call_stats is not None else None
+    hit_cost = guardrail.hit_cost if guardrail is not None else lambda _pid: cfg.probe_hit_cost_us * 1e-6
+    shedder = OperatorShedder(links, specs, share=cfg.torch_shed_share, hit_cost=hit_cost, now=time.monotonic()) \
+        if call_stats is not None and Layer.TORCH in layers and cfg.torch_shed_share > 0 else None
     stats_reader = CallStatsReader(program, call_stats, guardrail, metrics_interval_s=cfg.metrics_interval_s,
-                                   guardrail_period_s=cfg.guardrail_period_s, pause=pause) \
+                                   guardrail_period_s=cfg.guardrail_period_s, shedder=shedder, pause=pause) \
         if call_stats is not None else None
     discovery = Discovery(program=program, attacher=attacher, symbols=symbols, kernel_names=kernel_names,
                           filtering=filtering, cgroup=cfg.cgroup, host_name=host,
@@ -118,7 +122,9 @@ def build_agent(cfg: AgentConfig, command: Sequence[str] | None = None, *, dump_
 
     # The record line: builder -> shaper -> queue.
     builder = SpanBuilder(specs, DecodeContext(kernel_names), EpochClock(), discovery.resource_for)
-    queue = SpanQueue(_span_exporter(cfg), max_size=cfg.queue_size, batch_size=cfg.batch_size)
+    diagnosis = ExportDiagnosis(cfg.protocol, cfg.endpoint, cfg.insecure) if cfg.otlp else None
+    queue = SpanQueue(_span_exporter(cfg), max_size=cfg.queue_size, batch_size=cfg.batch_size,
+                      on_failure=diagnosis.failed if diagnosis is not None else None)
     shaper = TraceShaper(queue.put, builder.ids, max_spans=cfg.trace_max_spans, max_delay_s=cfg.trace_max_delay_s,
                          slice_s=cfg.trace_slice_s, slow_s=cfg.span_slow_s)
     program.set_sampling(Sampling(
@@ -127,16 +133,16 @@ def build_agent(cfg: AgentConfig, command: Sequence[str] | None = None, *, dump_
         slice_max=cfg.span_slice_max))
 
     # Metrics: call statistics, self-telemetry, host sources.
-    resource = Resource({"service.name": "otel-eacgm-agent", "host.name": host, "process.pid": os.getpid(),
-                         "service.version": __version__})
+    resource = agent_resource(host)
     exporter = metric_exporter(cfg.protocol, cfg.endpoint, cfg.insecure, cfg.export_timeout_s) if cfg.otlp \
         else NullMetricExporter()
     if call_stats is not None:
         exporter = ProducingMetricExporter(exporter, call_stats.metrics, resource,
-                                           InstrumentationScope("otel_eacgm.metrics.calls", __version__))
+                                           InstrumentationScope("otel_eacgm.metrics.calls", __version__),
+                                           resource_for=discovery.known_resource)
     meters = meter_provider(exporter, cfg.metrics_interval_s, resource)
     telemetry = AgentTelemetry(program=program, links=links, attacher=attacher, queue=queue, shaper=shaper,
-                               guardrail=guardrail)
+                               guardrail=guardrail, shedder=shedder)
     telemetry.register(meters)
     host_metrics = start_host_metrics(
         meters, gpu=cfg.gpu_metrics and metered, network=cfg.network_metrics and metered,

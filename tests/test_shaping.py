@@ -102,3 +102,18 @@ def test_flush_emits_what_is_held() -> None:
     add(s, 2, 1, 0, 1)
     s.flush()
     assert [o.name for o in out] == ["c2"] and s.counters.held == 0
+
+
+def test_counters_tell_outermost_calls_from_traces() -> None:
+    """The agent's lines name what they count: root_spans (outermost calls exported, each
+    split-off subtree too) and traces (distinct trace ids a backend will hold)."""
+    s, out, _ = shaper(slice_s=1.0, max_spans=3)
+    for i, t in enumerate((10.0, 300.0, 999.0, 1000.0, 2500.0)):  # 5 lone calls over 3 slices
+        add(s, 10 + i, 0, t, t + 1)
+    add(s, 2, 1, 3000, 3001)  # a call with a child: a trace of its own
+    add(s, 1, 0, 3000, 3002)
+    for child in (21, 22, 23):  # a full parent: its first two children are split off
+        add(s, child, 20, 3100 + child, 3101 + child)
+    add(s, 20, 0, 3100, 3200)
+    assert len({o.context.trace_id for o in out}) == 3 + 1 + 3
+    assert (s.counters.root_spans, s.counters.traces, s.counters.split) == (5 + 1 + 3, 3 + 1 + 3, 2)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import csv
 import logging
 import os
@@ -24,6 +25,7 @@ from eacgm_detector.persist import SavedModel, load_model, save_model
 from eacgm_detector.records import entity_label
 from eacgm_detector.replay import read_csv, score_otlp, windows_from_otlp
 from otel_eacgm import environment_variables as env_vars
+from otel_eacgm.settings import field_docs
 
 log = logging.getLogger("eacgm_detector")
 
@@ -153,34 +155,44 @@ def _report(n: int, flagged: int, model: SavedModel, confirm_windows: int, outpu
           f"{det.threshold_:.3f}, or one below {det.single_threshold_:.3f}); wrote {output}")
 
 
+def _setting(key: str, default: object = dataclasses.MISSING) -> str:
+    """A flag's help: the detector setting's docstring and its default (DetectorConfig)."""
+    field = {f.name: f for f in dataclasses.fields(DetectorConfig)}[key]
+    if default is dataclasses.MISSING:
+        default = field.default if field.default_factory is dataclasses.MISSING else field.default_factory()
+    doc = " ".join(field_docs(DetectorConfig).get(key, "").split()).replace("%", "%%")
+    return f"{doc} (default: {'none' if default is None else default}; setting {key})"
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="otel-eacgm detector", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the OTLP gRPC receiver and score windows")
-    serve.add_argument("--listen", help="host:port to bind (default 127.0.0.1:4319)")
+    serve.add_argument("--listen", help=_setting("listen"))
     serve.add_argument("--insecure-listen", dest="insecure_listen", action="store_true", default=None,
-                       help="allow a non-loopback --listen in plaintext without a bearer token (warns)")
+                       help=_setting("insecure_listen"))
     serve.add_argument("--export-endpoint", dest="export_endpoint",
-                       help="OTLP gRPC host:port for anomaly output (default $OTEL_EXPORTER_OTLP_ENDPOINT)")
-    serve.add_argument("--model", dest="model_path", help="model file from `fit`, instead of warm-up")
+                       help=_setting("export_endpoint", "$OTEL_EXPORTER_OTLP_ENDPOINT, else none"))
+    serve.add_argument("--model", dest="model_path", help=_setting("model_path", "none: warm up on the first "
+                                                                                  "windows, then fit"))
     fit = sub.add_parser("fit", help="train a model offline")
-    fit.add_argument("--input", required=True, help="recorded OTLP (.jsonl) or feature CSV")
-    fit.add_argument("--output", required=True, help="model file to write (.npz)")
-    fit.add_argument("--covariance-type", dest="covariance_type")
-    fit.add_argument("--max-components", dest="max_components", type=int)
-    fit.add_argument("--window-s", dest="window_s", type=float)
-    fit.add_argument("--threshold-method", dest="threshold_method")
-    fit.add_argument("--threshold-risk", dest="threshold_risk", type=float)
+    fit.add_argument("--input", required=True, help="recorded OTLP (.jsonl) or feature CSV (required)")
+    fit.add_argument("--output", required=True, help="model file to write (.npz) (required)")
+    fit.add_argument("--covariance-type", dest="covariance_type", help=_setting("covariance_type"))
+    fit.add_argument("--max-components", dest="max_components", type=int, help=_setting("max_components"))
+    fit.add_argument("--window-s", dest="window_s", type=float, help=_setting("window_s"))
+    fit.add_argument("--threshold-method", dest="threshold_method", help=_setting("threshold_method"))
+    fit.add_argument("--threshold-risk", dest="threshold_risk", type=float, help=_setting("threshold_risk"))
     score = sub.add_parser("score", help="score a feature CSV or recorded OTLP with a saved model")
-    score.add_argument("--model", required=True, help="model file from `fit`")
+    score.add_argument("--model", required=True, help="model file from `fit` (required)")
     score.add_argument("--input", required=True,
-                       help="feature CSV (one row per window) or recorded OTLP (.jsonl)")
-    score.add_argument("--output", required=True, help="CSV of score and 0/1 anomaly per row")
+                       help="feature CSV (one row per window) or recorded OTLP (.jsonl) (required)")
+    score.add_argument("--output", required=True, help="CSV of score and 0/1 anomaly per row (required)")
     for s in (serve, score):
-        s.add_argument("--confirm-windows", dest="confirm_windows", type=int,
-                       help="consecutive windows below the threshold that make an anomaly (default 2)")
+        s.add_argument("--confirm-windows", dest="confirm_windows", type=int, help=_setting("confirm_windows"))
     for s in (serve, fit, score):
-        s.add_argument("--config", help="YAML file of detector settings (also OTEL_EACGM_DETECTOR_<KEY>)")
+        s.add_argument("--config", help="YAML file of detector settings, overridden by OTEL_EACGM_DETECTOR_<KEY> "
+                                        "and these flags (default: none)")
     return p
 
 

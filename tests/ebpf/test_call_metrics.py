@@ -33,7 +33,7 @@ def latest(points: list[dict], name: str, pid: int) -> dict[tuple, object]:
 def metered_run(pipeline):  # noqa: ANN001, ANN201
     """One traced run; the metric points the store received for its process."""
     proc, calls = run_traced(pipeline.grpc_endpoint, PLAN, "--launch-layer", "cuda.runtime",
-                             env={"OTEL_EACGM_METRICS_INTERVAL_S": "1"})
+                             env={"OTEL_EACGM_METRICS_INTERVAL_S": "1", "OTEL_RESOURCE_ATTRIBUTES": "team=ml%20infra"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     pid = calls[0]["tid"]
     total = sum(n for _, n in PLAN)
@@ -98,6 +98,19 @@ def test_host_network_metrics_arrive_from_the_agent(metered_run) -> None:  # noq
     lo = [p for p in points if p["name"] == "system.network.io" and p["attributes"].get("network.interface.name") == "lo"]
     assert lo, sorted({p["name"] for p in points})
     assert lo[0]["resource"]["service.name"] == "otel-eacgm-agent"
+    # the agent's own OTEL_RESOURCE_ATTRIBUTES (the session's store also holds other tests' agents)
+    assert any(p["resource"].get("team") == "ml infra" for p in lo), [p["resource"] for p in lo][:3]
+
+
+def test_call_metrics_carry_the_traced_processes_resource(metered_run) -> None:  # noqa: ANN001
+    _, _, pid, points = metered_run
+    calls = [p for p in points if p["name"] in ("eacgm.calls", "eacgm.call.duration")
+             and p["attributes"].get("process.pid") == pid]
+    assert calls
+    for p in calls:
+        res = p["resource"]
+        # the workload's script names its service (python cuda_nccl_calls.py), its variable adds to it
+        assert (res["service.name"], res["process.pid"], res["team"]) == ("cuda_nccl_calls", pid, "ml infra"), res
 
 
 

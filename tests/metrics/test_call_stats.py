@@ -6,6 +6,8 @@ kernel side against real calls); here each folding rule is checked exactly.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from opentelemetry.sdk.metrics.export import MetricExportResult, MetricsData, ResourceMetrics, ScopeMetrics
 from opentelemetry.sdk.resources import Resource
@@ -191,3 +193,26 @@ def test_the_exporter_adds_the_statistics_to_the_agent_resource() -> None:
     # with no SDK batch for the agent's resource, the statistics get one of their own
     exporter.export(MetricsData([]))
     assert inner.batches[-1].resource_metrics[0].resource == agent
+
+
+def test_each_processes_statistics_go_under_its_own_resource() -> None:
+    cs = stats()
+    cs.update([entry("cudaMemcpy", 2), dataclasses.replace(entry("cudaMemcpy", 5), pid=PID + 1),
+               dataclasses.replace(entry("cudaMalloc", 1), pid=PID + 2)])
+    agent = Resource({"service.name": "otel-eacgm-agent"})
+    apps = {PID: Resource({"service.name": "train", "process.pid": PID}),
+            PID + 1: Resource({"service.name": "infer", "process.pid": PID + 1})}
+    known = dict(apps)
+    inner = _Capture()
+    exporter = ProducingMetricExporter(inner, cs.metrics, agent, InstrumentationScope("calls"), resource_for=known.get)
+    exporter.export(MetricsData([ResourceMetrics(agent, [], schema_url="")]))
+    counts = {rm.resource.attributes["service.name"]: [(p.attributes["process.pid"], p.value)
+                                                      for sm in rm.scope_metrics for m in sm.metrics
+                                                      if m.name == "eacgm.calls" for p in m.data.data_points]
+              for rm in inner.batches[-1].resource_metrics}
+    # PID + 2's resource is not known: its points stay under the agent's
+    assert counts == {"train": [(PID, 2)], "infer": [(PID + 1, 5)], "otel-eacgm-agent": [(PID + 2, 1)]}
+    del known[PID]  # the process is gone: its points keep the resource last seen
+    exporter.export(MetricsData([]))
+    assert {rm.resource.attributes["service.name"] for rm in inner.batches[-1].resource_metrics} == \
+        {"train", "infer", "otel-eacgm-agent"}

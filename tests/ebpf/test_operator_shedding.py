@@ -1,0 +1,61 @@
+"""High-rate tiny operators are shed through the real probe links while a real PyTorch loop
+runs: one log line and the eacgm.agent.operators.shed gauge (through the Collector) name the
+shed operator; it stops being probed (its counted calls fall far behind the calls made), while
+the slower operator beside it stays probed and counted in full."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from agent_run import REPO, agent_cmd, summary
+
+pytestmark = pytest.mark.ebpf
+
+WORKLOAD = str(REPO / "tests/workloads/torch_tiny_ops.py")
+
+
+def counted(points: list[dict], pid: int, name: str) -> int:
+    """The last cumulative eacgm.calls of `name` (all overloads) in process `pid`."""
+    last: dict[tuple, tuple[int, int]] = {}
+    for p in points:
+        a = p["attributes"]
+        if p["name"] == "eacgm.calls" and a.get("process.pid") == pid and a.get("code.function.name") == name:
+            key = tuple(sorted(a.items()))
+            if key not in last or p["time"] >= last[key][0]:
+                last[key] = (p["time"], p["value"])
+    return sum(v for _, v in last.values())
+
+
+def test_a_high_rate_tiny_operator_is_shed_and_said_so(pipeline) -> None:  # noqa: ANN001
+    cmd = agent_cmd(pipeline.grpc_endpoint, "--layers", "torch", "--", sys.executable, WORKLOAD, "5")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=dict(
+        os.environ, OTEL_EACGM_GPU_METRICS="0", OTEL_EACGM_METRICS_INTERVAL_S="1", OTEL_EACGM_OVERHEAD_BUDGET="0"))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    made = json.loads(proc.stdout.splitlines()[-1])
+    pid = made["tid"]
+    lines = [x for x in proc.stderr.splitlines() if "otel_eacgm.operator_shedding" in x]
+    # one line per decision, naming each operator shed with its rate
+    assert any("high-rate tiny operators" in x and "aten::add_ (" in x for x in lines), proc.stderr[-3000:]
+    assert not any("aten::mm" in x for x in lines), lines
+    assert summary(proc.stderr)["shed_ops"] == 1
+
+    def gauge() -> dict[str, float]:
+        return {p["attributes"]["code.function.name"]: p["value"] for p in pipeline.store.metric_points()
+                if p["name"] == "eacgm.agent.operators.shed"}
+
+    assert pipeline.store.wait_for(lambda: "aten::add_" in gauge(), 30), gauge()
+    assert gauge()["aten::add_"] > 10_000  # calls per second when it was shed
+
+    def both() -> tuple[int, int]:
+        points = pipeline.store.metric_points()
+        return counted(points, pid, "aten::add_"), counted(points, pid, "aten::mm")
+
+    assert pipeline.store.wait_for(lambda: both()[1] >= made["products"], 30), (both(), made)
+    adds, products = both()
+    assert products == made["products"]  # the product is still probed: every call counted
+    assert 0 < adds < made["adds"] / 2, (adds, made)  # the add is not probed any more
