@@ -16,7 +16,7 @@ from typing import ClassVar
 
 from eacgm_detector.context import DEFAULT_CONTEXT_WINDOWS, check_windows
 from eacgm_detector.features import DEFAULT_EXCLUDED_METRICS
-from eacgm_detector.model import COVARIANCE_TYPES, THRESHOLD_METHODS
+from eacgm_detector.model import COVARIANCE_TYPES, MAX_FIT_WINDOWS, THRESHOLD_METHODS
 from otel_eacgm import environment_variables as env_vars
 from otel_eacgm.settings import SECRET, ConfigError, Settings
 
@@ -120,6 +120,9 @@ class DetectorConfig(Settings):
     """Features named per anomaly."""
     max_components: int = 8
     """The BIC search fits 1 to this many mixture components."""
+    max_fit_windows: int = MAX_FIT_WINDOWS
+    """Most windows one mixture is fitted on; a longer history is sampled at random, and
+    every window is still scored out of fold for the threshold (GMMDetector says why)."""
     covariance_type: str = "full"
     """Covariance of the mixture components: full, tied, diag or spherical."""
     reg_covar: float = 1e-2
@@ -146,7 +149,8 @@ class DetectorConfig(Settings):
         positive = ("max_request_bytes", "queue_size", "max_queued_bytes", "window_s", "warmup_windows",
                     "refit_every", "history_windows", "max_entities", "entity_idle_s",
                     "max_entity_window_bytes", "max_window_bytes", "max_functions", "max_metrics",
-                    "max_span_refs", "top_features", "max_components", "reg_covar", "confirm_windows")
+                    "max_span_refs", "top_features", "max_components", "reg_covar", "confirm_windows",
+                    "max_fit_windows")
         for key in positive:
             if not getattr(self, key) > 0:
                 raise ConfigError(f"{key}: {getattr(self, key)!r} must be > 0")

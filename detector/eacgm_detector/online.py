@@ -58,15 +58,22 @@ def model_from_config(cfg: DetectorConfig, names: list[str] | None = None) -> GM
     knows which are context features of which (``derived_from``) and which are logarithms
     (``logarithmic``)."""
     return GMMDetector(cfg.max_components, covariance_type=cfg.covariance_type,
-                       reg_covar=cfg.reg_covar, threshold_method=cfg.threshold_method,
+                       reg_covar=cfg.reg_covar, max_fit_windows=cfg.max_fit_windows,
+                       threshold_method=cfg.threshold_method,
                        threshold_risk=cfg.threshold_risk, random_state=cfg.random_state,
                        derived_from=None if names is None else derived_from(names, cfg.context_windows),
                        logarithmic=None if names is None else [is_logarithmic(n) for n in names])
 
 
-def learnable(names: list[str], X: np.ndarray, source: str | None = None) -> tuple[list[str], np.ndarray]:
+def learnable(names: list[str], X: np.ndarray, source: str | None = None,
+              context_windows=()) -> tuple[list[str], np.ndarray]:
     """The features (columns of ``X``) that have a value in at least one window, with a
-    warning naming the others; ``ValueError`` when none has.
+    warning naming the others; ``ValueError`` when none has. A context feature (a
+    deviation over one of ``context_windows``) needs a value in at least half the windows,
+    silently: a history shorter than twice its span (the service's first fits) has too few
+    to learn its spread from, and the model would fill the windows that lack it from that
+    too-narrow spread and then find every later window's deviation unlikely. It joins the
+    model at a later refit.
 
     A feature missing from every training window (a column left empty, a deviation over more
     windows than the table has) teaches the model nothing: it would be imputed as one constant,
@@ -76,6 +83,9 @@ def learnable(names: list[str], X: np.ndarray, source: str | None = None) -> tup
     ``source`` (a file name) starts the messages.
     """
     where = f"{source}: " if source else ""
+    sparse = np.array([base_name(n, context_windows) != n for n in names], dtype=bool)
+    sparse &= np.isnan(X).mean(axis=0) > 0.5
+    names, X = [n for n, s in zip(names, sparse) if not s], X[:, ~sparse]
     empty = np.isnan(X).all(axis=0)
     if empty.all():
         raise ValueError(f"{where}no feature has a value in any of the {len(X)} windows (all missing "
@@ -94,7 +104,7 @@ def fit_rows(cfg: DetectorConfig, rows: list[dict[str, float]], source: str | No
     their context features (:class:`~eacgm_detector.context.ContextTracker` with
     ``cfg.context_windows``); features without any value are left out (:func:`learnable`)."""
     names = feature_names(rows)
-    names, X = learnable(names, vectorize(rows, names), source)
+    names, X = learnable(names, vectorize(rows, names), source, cfg.context_windows)
     return SavedModel(model_from_config(cfg, names).fit(X), names, cfg.window_s, tuple(cfg.context_windows))
 
 
@@ -103,7 +113,7 @@ def fit_table(cfg: DetectorConfig, names: list[str], X: np.ndarray, source: str 
     (``names``), its context features derived here; ``window_s`` is not recorded. Features
     without any value are left out (:func:`learnable`)."""
     Xc, names_c = add_context(X, names, cfg.context_windows)
-    names_c, Xc = learnable(names_c, Xc, source)
+    names_c, Xc = learnable(names_c, Xc, source, cfg.context_windows)
     return SavedModel(model_from_config(cfg, names_c).fit(Xc), names_c, None, tuple(cfg.context_windows))
 
 
