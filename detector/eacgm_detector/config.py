@@ -132,16 +132,33 @@ class DetectorConfig(Settings):
     over the entity's previous k windows joins the window's features; [] turns them off."""
     threshold_method: str = "pot"
     """How the anomaly threshold is set from training scores: pot or quantile."""
-    threshold_risk: float = 1e-3
-    """Target share of normal windows below the threshold."""
-    confirm_windows: int = 2
+    alarms_per_hour: float = 0.5
+    """Target false alarms per entity-hour: the threshold is set so that this share of
+    out-of-fold (held-out) normal windows lies below it, threshold risk =
+    alarms_per_hour * window_s / 3600 (capped at 0.5). A budget per hour, not per window,
+    because what a person can answer is alarms per hour whatever the window length: 2 s
+    windows get a risk of 2.8e-4, 5-minute windows 4.2e-2 (docs/detector.md, "Operating
+    point", says how 0.5 was chosen)."""
+    threshold_risk: float | None = None
+    """Target share of normal windows below the threshold; set, it replaces the one
+    alarms_per_hour gives."""
+    confirm_windows: int = 1
     """Consecutive windows of an entity below the threshold that make an anomaly (the last
     of them is reported, and each further one), unless one is far below it (the model's
-    single_threshold_); 1 reports every window below the threshold."""
+    single_threshold_); 1 (default) reports every window below the threshold: the
+    threshold already holds the alarm budget."""
     random_state: int = 0
     """Seed of the fits (results are reproducible)."""
     model_path: str | None = None
     """A model file (from `detector fit`) used for every entity instead of warm-up."""
+
+    @property
+    def risk(self) -> float:
+        """The threshold's share of normal windows: ``threshold_risk`` if set, else the
+        ``alarms_per_hour`` budget over windows of ``window_s``, at most 0.5."""
+        if self.threshold_risk is not None:
+            return self.threshold_risk
+        return min(self.alarms_per_hour * self.window_s / 3600.0, 0.5)
 
     def validate(self) -> DetectorConfig:
         """Raise ConfigError naming the first invalid key; return self."""
@@ -167,8 +184,10 @@ class DetectorConfig(Settings):
             raise ConfigError(f"covariance_type: {self.covariance_type!r}, expected one of {COVARIANCE_TYPES}")
         if self.threshold_method not in THRESHOLD_METHODS:
             raise ConfigError(f"threshold_method: {self.threshold_method!r}, expected one of {THRESHOLD_METHODS}")
-        if not 0 < self.threshold_risk < 1:
+        if self.threshold_risk is not None and not 0 < self.threshold_risk < 1:
             raise ConfigError(f"threshold_risk: {self.threshold_risk!r} must be in (0, 1)")
+        if not self.alarms_per_hour > 0:
+            raise ConfigError(f"alarms_per_hour: {self.alarms_per_hour!r} must be > 0")
         try:
             check_windows(self.context_windows)
         except ValueError as exc:

@@ -34,6 +34,10 @@ SINGLE_WINDOW_MARGIN = 3.0
 #: Default cap on the windows one mixture is fitted on (``max_fit_windows``); see
 #: docs/detector.md "Fit time" for the measured cost and the error of the sample.
 MAX_FIT_WINDOWS = 4000
+#: Names of the confirmation rules (:meth:`GMMDetector.rule`), as events and ``score`` give them.
+RULE_THRESHOLD = "threshold"
+RULE_CONSECUTIVE = "consecutive"
+RULE_FAR = "far"
 #: Features whose unit (standard deviation or resolution) is below this are constant at 0 in
 #: training: they are centred, not standardized, and ``reg_covar`` bounds their variance.
 _CONSTANT_STD = 1e-12
@@ -407,22 +411,36 @@ class GMMDetector(OutlierMixin, BaseEstimator):
         """+1 for normal windows, -1 for anomalies, shape (n_samples,)."""
         return np.where(self.decision_function(X) >= 0, 1, -1)
 
+    def rule(self, score: float, run: int, confirm_windows: int) -> str | None:
+        """The confirmation rule that makes a window with this score an anomaly, or None;
+        ``run`` is the number of consecutive windows below ``threshold_`` that end with it
+        (0 if it is not below). ``RULE_THRESHOLD``: below the threshold, where one window
+        suffices (``confirm_windows`` 1); ``RULE_CONSECUTIVE``: the ``confirm_windows``-th
+        (or a later) window in a row below it; ``RULE_FAR``: alone, but far below it
+        (``single_threshold_``), where a fault leaves no doubt in its first window."""
+        if not score < self.threshold_:
+            return None
+        if run >= confirm_windows:
+            return RULE_THRESHOLD if confirm_windows <= 1 else RULE_CONSECUTIVE
+        return RULE_FAR if score < self.single_threshold_ else None
+
     def is_anomaly(self, score: float, run: int, confirm_windows: int) -> bool:
-        """Whether a window with this score is reported, ``run`` being the number of
-        consecutive windows below ``threshold_`` that end with it (0 if it is not below).
-        A fault holds for windows on end where one slow call moves one; a window far below
-        (``single_threshold_``) needs no second."""
-        return score < self.threshold_ and (run >= confirm_windows or score < self.single_threshold_)
+        """Whether a window with this score is reported (:meth:`rule` is not None)."""
+        return self.rule(score, run, confirm_windows) is not None
+
+    def rules(self, scores: np.ndarray, confirm_windows: int) -> list[str | None]:
+        """:meth:`rule` over the scores of consecutive windows in time order, as the online
+        detector reports them: the rule that fired per window, None where none did."""
+        out: list[str | None] = []
+        run = 0
+        for score in scores:
+            run = run + 1 if score < self.threshold_ else 0
+            out.append(self.rule(float(score), run, confirm_windows))
+        return out
 
     def anomalies(self, scores: np.ndarray, confirm_windows: int) -> np.ndarray:
-        """:meth:`is_anomaly` over the scores of consecutive windows in time order, as the
-        online detector reports them: a bool per window."""
-        flags = np.zeros(len(scores), dtype=bool)
-        run = 0
-        for i, score in enumerate(scores):
-            run = run + 1 if score < self.threshold_ else 0
-            flags[i] = self.is_anomaly(float(score), run, confirm_windows)
-        return flags
+        """Whether each of consecutive windows is reported (:meth:`rules`), a bool per window."""
+        return np.array([r is not None for r in self.rules(scores, confirm_windows)], dtype=bool)
 
     def contributions(self, X) -> np.ndarray:
         """Per-feature share of each window's unlikeliness, shape (n_samples, n_features).

@@ -48,6 +48,8 @@ class WindowResult:
     anomalous: bool
     #: Consecutive windows of the entity below the threshold, this one included (0: not below).
     below: int = 0
+    #: The confirmation rule that made it an anomaly (``GMMDetector.rule``), None if it is not.
+    rule: str | None = None
     top: list[Contribution] = field(default_factory=list)
     affected: list[tuple[bytes, bytes]] = field(default_factory=list)
     span_refs: list[tuple] = field(default_factory=list, repr=False)
@@ -60,7 +62,7 @@ def model_from_config(cfg: DetectorConfig, names: list[str] | None = None) -> GM
     return GMMDetector(cfg.max_components, covariance_type=cfg.covariance_type,
                        reg_covar=cfg.reg_covar, max_fit_windows=cfg.max_fit_windows,
                        threshold_method=cfg.threshold_method,
-                       threshold_risk=cfg.threshold_risk, random_state=cfg.random_state,
+                       threshold_risk=cfg.risk, random_state=cfg.random_state,
                        derived_from=None if names is None else derived_from(names, cfg.context_windows),
                        logarithmic=None if names is None else [is_logarithmic(n) for n in names])
 
@@ -185,9 +187,10 @@ class EntityDetector:
         below = score < det.threshold_
         self._below = (self._below + 1 if self._last_end == win.start_ns else 1) if below else 0
         self._last_end = win.end_ns
-        anomalous = det.is_anomaly(score, self._below, self.cfg.confirm_windows)
+        rule = det.rule(score, self._below, self.cfg.confirm_windows)
+        anomalous = rule is not None
         result = WindowResult(score=score, threshold=float(det.threshold_), anomalous=anomalous,
-                              below=self._below, **base)
+                              below=self._below, rule=rule, **base)
         if anomalous:
             result.top = _top_features(self.model, x, self.cfg.top_features)
             result.affected = _affected_spans(win, result.top)

@@ -57,6 +57,7 @@ def test_normal_run_clean_injected_anomalies_flagged(receiver):
         attrs = attributes(lr.attributes)
         assert lr.event_name == "eacgm.anomaly" and lr.severity_text == "WARN"
         assert attrs["eacgm.anomaly.score"] < attrs["eacgm.anomaly.threshold"]
+        assert attrs["eacgm.anomaly.rule"] == "threshold"  # the default: each window alone
         assert attrs["host.name"] == "node0" and attrs["process.pid"] == "1000"
         cats = [c.string_value for c in lr.attributes[[a.key for a in lr.attributes].index(
             "eacgm.anomaly.categories")].value.array_value.values]
