@@ -119,7 +119,8 @@ class GMMDetector(OutlierMixin, BaseEstimator):
     ----------
     n_components_ : int
     bic_ : ndarray of shape (n_tried,)
-        BIC for ``1..n_tried`` components on the first fold's training part.
+        BIC for ``1..n_tried`` components on the first fold's training part (one entry, for
+        the given size, when ``fit`` was given ``n_components``).
     holdout_log_likelihood_ : ndarray of shape (n_tried,)
         Mean log-likelihood of the first fold's held-out windows, per tried size.
     threshold_ : float
@@ -282,7 +283,7 @@ class GMMDetector(OutlierMixin, BaseEstimator):
             return rows
         return np.sort(rng.choice(rows, cap, replace=False))
 
-    def fit(self, X, y=None):
+    def fit(self, X, y=None, n_components: int | None = None):
         """Fit on windows assumed mostly normal.
 
         Parameters
@@ -291,6 +292,10 @@ class GMMDetector(OutlierMixin, BaseEstimator):
             Window features in time order (the folds are contiguous unless
             ``shuffle_folds``); NaN marks a missing value.
         y : ignored
+        n_components : int or None
+            Skip the component search and fit this many (at most ``max_components``): a
+            refresh of a model whose size an earlier search chose, at the cost of one
+            mixture per fold and a final one instead of up to ``max_components`` more.
         """
         self._check_params()
         X = validate_data(self, X, dtype=np.float64, ensure_all_finite="allow-nan",
@@ -322,7 +327,10 @@ class GMMDetector(OutlierMixin, BaseEstimator):
         hold0 = folds[0]
         train0 = self._sample(np.setdiff1d(np.arange(n), hold0), rng)
         bic, hold_ll, fitted = [], [], []
-        for k in range(1, min(self.max_components, train0.size) + 1):
+        sizes = range(1, min(self.max_components, train0.size) + 1)
+        if n_components is not None:
+            sizes = [min(int(n_components), sizes[-1])]
+        for k in sizes:
             gm = self._mixture(k, seed, Z[train0]).fit(Z[train0])
             bic.append(gm.bic(Z[train0]))
             hold_ll.append(gm.score(Z[self._sample(hold0, rng)]))
@@ -337,7 +345,7 @@ class GMMDetector(OutlierMixin, BaseEstimator):
         # better, it overfitted, and the held-out winner is taken instead.
         if self.holdout_log_likelihood_[best] < self.holdout_log_likelihood_.max() - 1.0:
             best = int(np.argmax(self.holdout_log_likelihood_))
-        self.n_components_ = best + 1
+        self.n_components_ = list(sizes)[best]
         # The deviations a table's first windows lack were the median ("no change") so far;
         # from here on they are completed as scoring completes them, by the search's pick.
         missing = np.isnan(X_raw) & (self._derived(X_raw.shape[1]) >= 0)

@@ -26,6 +26,12 @@ from eacgm_detector.windows import EntityWindows, Window
 log = logging.getLogger(__name__)
 
 
+#: Fits of an entity between two component searches; the refits between them keep the size
+#: and refit means, covariances and threshold on the newest history (the slow drift the
+#: history follows moves those, rarely the number of modes).
+SEARCH_EVERY = 10
+
+
 @dataclass
 class Contribution:
     """One feature's part in an anomaly."""
@@ -101,13 +107,16 @@ def learnable(names: list[str], X: np.ndarray, source: str | None = None,
     return [n for n, e in zip(names, empty) if not e], X[:, ~empty]
 
 
-def fit_rows(cfg: DetectorConfig, rows: list[dict[str, float]], source: str | None = None) -> SavedModel:
+def fit_rows(cfg: DetectorConfig, rows: list[dict[str, float]], source: str | None = None,
+             n_components: int | None = None) -> SavedModel:
     """Fit a model on feature dicts (one per window, in time order), which already carry
     their context features (:class:`~eacgm_detector.context.ContextTracker` with
-    ``cfg.context_windows``); features without any value are left out (:func:`learnable`)."""
+    ``cfg.context_windows``); features without any value are left out (:func:`learnable`).
+    ``n_components``: refresh at this size, without the component search."""
     names = feature_names(rows)
     names, X = learnable(names, vectorize(rows, names), source, cfg.context_windows)
-    return SavedModel(model_from_config(cfg, names).fit(X), names, cfg.window_s, tuple(cfg.context_windows))
+    det = model_from_config(cfg, names).fit(X, n_components=n_components)
+    return SavedModel(det, names, cfg.window_s, tuple(cfg.context_windows))
 
 
 def fit_table(cfg: DetectorConfig, names: list[str], X: np.ndarray, source: str | None = None) -> SavedModel:
@@ -160,7 +169,10 @@ class EntityDetector:
         self.last_seen = 0.0     # when data of it last came, on the Detector's clock
 
     def _fit(self) -> None:
-        self.model = fit_rows(self.cfg, list(self.history))
+        # A refit refreshes the model on the newest windows at the size the last search
+        # chose; every SEARCH_EVERY-th fit (the first included) searches the size again.
+        size = None if self.model is None or self.fits % SEARCH_EVERY == 0 else self.model.detector.n_components_
+        self.model = fit_rows(self.cfg, list(self.history), n_components=size)
         self._since_fit = 0
         self.fits += 1
         det = self.model.detector

@@ -44,6 +44,8 @@ def test_warmup_then_refit_on_windows_not_flagged(caplog):
     assert launch.top[0].value > slowest, "the anomalous window never entered the training set"
     fits = [r.getMessage() for r in caplog.records if " model " in r.getMessage()]
     assert len(fits) == ent.fits and "threshold" in fits[0]
+    # The refits refreshed the first fit's size without searching again.
+    assert ent.fits > 1 and ent.model.detector.bic_.shape == (1,)
 
 
 def test_history_is_bounded():
