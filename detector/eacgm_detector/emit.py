@@ -31,6 +31,7 @@ ATTR_WINDOW_START = "eacgm.anomaly.window.start"
 ATTR_WINDOW_END = "eacgm.anomaly.window.end"
 ATTR_FEATURES = "eacgm.anomaly.features"
 ATTR_CATEGORIES = "eacgm.anomaly.categories"
+ATTR_SHARES = "eacgm.anomaly.feature_shares"
 ATTR_TRACE_IDS = "eacgm.anomaly.trace_ids"
 ATTR_SPAN_IDS = "eacgm.anomaly.span_ids"
 METRIC_SCORE = "eacgm.anomaly.score"
@@ -82,7 +83,8 @@ def anomaly_log(res: WindowResult) -> LogRecord:
         attributes=[kv(ATTR_SCORE, res.score), kv(ATTR_THRESHOLD, res.threshold),
                     kv(ATTR_WINDOWS, res.below), kv(ATTR_RULE, res.rule), kv(ATTR_WINDOW_START, res.start_ns), kv(ATTR_WINDOW_END, res.end_ns),
                     kv(ATTR_FEATURES, [c.name for c in res.top]),
-                    kv(ATTR_CATEGORIES, [c.category for c in res.top])]
+                    kv(ATTR_CATEGORIES, [c.category for c in res.top]),
+                    kv(ATTR_SHARES, [float(c.share) for c in res.top])]
         + [kv(k, v) for k, v in res.entity])
     if res.affected:
         rec.trace_id, rec.span_id = res.affected[0]

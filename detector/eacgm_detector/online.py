@@ -40,6 +40,8 @@ class Contribution:
     category: str
     contribution: float
     value: float
+    #: Its share of the window's summed contributions (0..1): how much of the drop it explains.
+    share: float = math.nan
 
 
 @dataclass
@@ -226,8 +228,9 @@ def _top_features(model: SavedModel, x: np.ndarray, n: int) -> list[Contribution
         base = base_name(name, model.context_windows)
         total[base] = total.get(base, 0.0) + float(c)
     top = sorted(total.items(), key=lambda kv: -kv[1])[:n]
-    return [Contribution(b, feature_category(b), c, float(x[0, index[b]]) if b in index else math.nan)
-            for b, c in top]
+    whole = sum(total.values()) or 1.0
+    return [Contribution(b, feature_category(b), c, float(x[0, index[b]]) if b in index else math.nan,
+                         c / whole) for b, c in top]
 
 
 def _affected_spans(win: Window, top: list[Contribution]) -> list[tuple[bytes, bytes]]:
