@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from sklearn.mixture import GaussianMixture
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from eacgm_detector.model import RELATIVE_RESOLUTION, GMMDetector
@@ -46,11 +47,16 @@ def test_a_refresh_fits_the_size_given_without_searching():
     assert GMMDetector(2, random_state=0).fit(X, n_components=5).n_components_ == 2  # the cap holds
 
 
-def test_a_fit_on_more_windows_than_the_cap_samples_them_and_scores_every_one():
+def test_a_fit_on_more_windows_than_the_cap_samples_them_and_scores_every_one(monkeypatch):
     rng = np.random.default_rng(4)
     X = blobs(1500, rng)
+    seen = []
+    fit = GaussianMixture.fit
+    monkeypatch.setattr(GaussianMixture, "fit", lambda self, Z, y=None: seen.append(len(Z)) or fit(self, Z))
     capped = GMMDetector(6, random_state=0, max_fit_windows=300).fit(X)
+    assert seen and max(seen) == 300  # every EM run on the sample
     assert capped.holdout_scores_.shape == (X.shape[0],)  # every window scored out of fold
+    monkeypatch.setattr(GaussianMixture, "fit", fit)
     full = GMMDetector(6, random_state=0).fit(X)
     assert capped.n_components_ == full.n_components_ == 3
     test = blobs(300, rng)
