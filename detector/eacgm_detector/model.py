@@ -103,10 +103,10 @@ class GMMDetector(OutlierMixin, BaseEstimator):
     derived_from : sequence of int or None, default=None
         Per feature, -1 or the index of the feature it is a deviation of (a context feature,
         :mod:`eacgm_detector.context`); a context feature's resolution is its base feature's.
-        A missing deviation (a series' first window) is imputed with its training median like
-        any feature, about 0, "no change": imputing it as the level's distance from the
-        training mean claimed a jump at the start of every series that began elsewhere.
-        None: no context features.
+        A missing deviation (a series' first windows) is completed with its most likely value
+        given the window's other features (:meth:`_complete`): imputing it as the level's
+        distance from the training mean claimed a jump at the start of every series that
+        began elsewhere. None: no context features.
     logarithmic : sequence of bool or None, default=None
         Per feature, whether it is a logarithm (a log duration): its differences are ratios,
         so its resolution is ``log1p(RELATIVE_RESOLUTION)`` in its own units, not a share of
@@ -149,7 +149,7 @@ class GMMDetector(OutlierMixin, BaseEstimator):
         threshold_method: str = "pot",
         threshold_risk: float = 1e-3,
         trim_fraction: float = 0.005,
-        max_fit_windows: int | None = None,
+        max_fit_windows: int | None = MAX_FIT_WINDOWS,
         n_folds: int = 5,
         shuffle_folds: bool = False,
         derived_from=None,
