@@ -2,9 +2,8 @@
 
 Every scorer maps (train, test) to anomaly scores (higher = more anomalous) for the test
 rows and their flags, chosen without labels. The detector runs as ``otel-eacgm detector
-fit``/``score`` run it on a feature table (context features, out-of-fold POT threshold, flags
-as ``serve`` raises them: ``confirm_windows`` consecutive rows below the threshold or one far
-below it); the baselines are fitted on a random 80% of train and every test row above the
+fit``/``score`` run it on a feature table (context features, out-of-fold threshold at the
+alarm budget per entity-hour, flags as ``serve`` raises them); the baselines are fitted on a random 80% of train and every test row above the
 same Peaks-Over-Threshold rule's threshold on the other 20% is flagged.
 """
 
@@ -37,10 +36,11 @@ def _flagged(scores: np.ndarray, held_out_scores: np.ndarray) -> tuple[np.ndarra
     return scores, scores > -t
 
 
-def gmm(train, test, **config):
+def gmm(train, test, window_s: float, **config):
     """The detector with its default configuration (``config`` overrides keys) and its own
-    out-of-fold threshold; rows are windows in time order, as the data sets give them."""
-    cfg = DetectorConfig(**({"threshold_risk": RISK, "random_state": 0} | config)).validate()
+    out-of-fold threshold; rows are windows in time order, ``window_s`` apart, as the data
+    sets give them (the alarm budget per hour needs the window length)."""
+    cfg = DetectorConfig(**({"random_state": 0, "window_s": window_s} | config)).validate()
     names = [f"x{j}" for j in range(train.shape[1])]
     model = fit_table(cfg, names, train)
     X, _ = table_features(model, names, test)
@@ -70,7 +70,9 @@ def isolation_forest(train, test):
     return _flagged(-forest.score_samples(test), -forest.score_samples(train[hold_idx]))
 
 
-#: "each window alone" is the detector with every row below its threshold flagged, as before
-#: ``confirm_windows``: the same fit (same seed), so the two rows differ by the rule alone.
-SCORERS = {"detector (GMM)": gmm, "detector, each window alone": partial(gmm, confirm_windows=1),
+#: "previous operating point" is the same fit (same seed) with the rule before the alarm
+#: budget: POT threshold at risk 1e-3, two windows in a row or one far below; the two rows
+#: differ by the operating point alone. Scorers named "detector..." take ``window_s``.
+SCORERS = {"detector (GMM)": gmm,
+           "detector, previous operating point": partial(gmm, threshold_risk=RISK, confirm_windows=2),
            "random": random_scores, "PCA recon. error": pca_error, "IsolationForest": isolation_forest}

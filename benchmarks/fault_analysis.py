@@ -168,10 +168,10 @@ def analyse(args: argparse.Namespace, meta: dict, runs: list[dict]) -> tuple[str
         with open(args.out / "scores" / f"{r['name'].replace('/', '__')}.csv", "w", newline="") as fh:
             w = csv.writer(fh)
             w.writerow(["timestamp", "window_end", "model", "entity", "score", "threshold", "single_threshold",
-                        "below", "anomaly", "top_features", "measured"])
+                        "below", "anomaly", "rule", "top_features", "measured"])
             for kind, x in scored:
                 w.writerow([x.start_ns, x.end_ns, kind, entity_label(x.entity), x.score, x.threshold,
-                            own[kind].detector.single_threshold_, x.below, int(x.anomalous),
+                            own[kind].detector.single_threshold_, x.below, int(x.anomalous), x.rule or "",
                             ";".join(c.name for c in x.top), int(x.start_ns >= r["lo_ns"])])
         flagged = [(k, x) for k, x in measured if x.anomalous]
         if r["role"] == "fault" and flagged:

@@ -2,8 +2,8 @@
 
 ``serve`` runs the OTLP receiver; ``fit`` trains a model offline from recorded OTLP
 (``.jsonl``/``.json``) or a CSV of window features; ``score`` writes, per CSV row (or per
-window of a recording), the score and the 0/1 anomaly flag that ``serve`` would raise (the
-model's threshold, ``confirm_windows`` consecutive windows or one far below it).
+window of a recording), the score, the threshold, the 0/1 anomaly flag that ``serve`` would
+raise and the confirmation rule that raised it (``GMMDetector.rule``).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ log = logging.getLogger("eacgm_detector")
 
 # Settings a subcommand may take as a flag (argparse dest = setting name); absent ones are None.
 _FLAG_KEYS = ("listen", "insecure_listen", "export_endpoint", "model_path", "covariance_type", "max_components",
-              "window_s", "threshold_method", "threshold_risk", "confirm_windows")
+              "window_s", "threshold_method", "threshold_risk", "alarms_per_hour", "confirm_windows")
 
 
 def _config(args) -> DetectorConfig:
@@ -123,13 +123,15 @@ def _score(args) -> int:
         scores = model.detector.score_samples(Xm) if len(Xm) else []
     # Rows are consecutive windows of one entity: flagged as `serve` would report them.
     confirm = _config(args).confirm_windows
-    flags = model.detector.anomalies(scores, confirm).astype(int)
+    rules = model.detector.rules(scores, confirm)
+    threshold = f"{model.detector.threshold_:.6g}"
     with atomic_write(args.output, "w", newline="") as fh:
         w = csv.writer(fh)
-        w.writerow((["timestamp"] if stamps is not None else []) + ["score", "anomaly"])
-        for i, (s, f) in enumerate(zip(scores, flags)):
-            w.writerow(([stamps[i]] if stamps is not None else []) + [f"{s:.6g}", int(f)])
-    _report(len(scores), int(flags.sum()), model, confirm, args.output)
+        w.writerow((["timestamp"] if stamps is not None else []) + ["score", "threshold", "anomaly", "rule"])
+        for i, (s, rule) in enumerate(zip(scores, rules)):
+            w.writerow(([stamps[i]] if stamps is not None else [])
+                       + [f"{s:.6g}", threshold, int(rule is not None), rule or ""])
+    _report(len(scores), sum(r is not None for r in rules), model, confirm, args.output)
     return 0
 
 
@@ -141,10 +143,11 @@ def _score_otlp(args, model: SavedModel) -> int:
         results = score_otlp(args.input, cfg, model)
     with atomic_write(args.output, "w", newline="") as fh:
         w = csv.writer(fh)
-        w.writerow(["timestamp", "window_end", "entity", "score", "anomaly", "top_features"])
+        w.writerow(["timestamp", "window_end", "entity", "score", "threshold", "anomaly", "rule",
+                    "top_features"])
         for r in results:
-            w.writerow([r.start_ns, r.end_ns, entity_label(r.entity), f"{r.score:.6g}",
-                        int(r.anomalous), ";".join(c.name for c in r.top)])
+            w.writerow([r.start_ns, r.end_ns, entity_label(r.entity), f"{r.score:.6g}", f"{r.threshold:.6g}",
+                        int(r.anomalous), r.rule or "", ";".join(c.name for c in r.top)])
     _report(len(results), sum(r.anomalous for r in results), model, cfg.confirm_windows, args.output)
     return 0
 
@@ -183,6 +186,7 @@ def _parser() -> argparse.ArgumentParser:
     fit.add_argument("--window-s", dest="window_s", type=float, help=_setting("window_s"))
     fit.add_argument("--threshold-method", dest="threshold_method", help=_setting("threshold_method"))
     fit.add_argument("--threshold-risk", dest="threshold_risk", type=float, help=_setting("threshold_risk"))
+    fit.add_argument("--alarms-per-hour", dest="alarms_per_hour", type=float, help=_setting("alarms_per_hour"))
     score = sub.add_parser("score", help="score a feature CSV or recorded OTLP with a saved model")
     score.add_argument("--model", required=True, help="model file from `fit` (required)")
     score.add_argument("--input", required=True,

@@ -16,7 +16,7 @@ from typing import ClassVar
 
 from eacgm_detector.context import DEFAULT_CONTEXT_WINDOWS, check_windows
 from eacgm_detector.features import DEFAULT_EXCLUDED_METRICS
-from eacgm_detector.model import COVARIANCE_TYPES, THRESHOLD_METHODS
+from eacgm_detector.model import COVARIANCE_TYPES, MAX_FIT_WINDOWS, THRESHOLD_METHODS
 from otel_eacgm import environment_variables as env_vars
 from otel_eacgm.settings import SECRET, ConfigError, Settings
 
@@ -124,6 +124,9 @@ class DetectorConfig(Settings):
     """Features named per anomaly."""
     max_components: int = 8
     """The BIC search fits 1 to this many mixture components."""
+    max_fit_windows: int = MAX_FIT_WINDOWS
+    """Most windows one mixture is fitted on; a longer history is sampled at random, and
+    every window is still scored out of fold for the threshold (GMMDetector says why)."""
     covariance_type: str = "full"
     """Covariance of the mixture components: full, tied, diag or spherical."""
     reg_covar: float = 1e-2
@@ -133,16 +136,33 @@ class DetectorConfig(Settings):
     over the entity's previous k windows joins the window's features; [] turns them off."""
     threshold_method: str = "pot"
     """How the anomaly threshold is set from training scores: pot or quantile."""
-    threshold_risk: float = 1e-3
-    """Target share of normal windows below the threshold."""
-    confirm_windows: int = 2
+    alarms_per_hour: float = 0.5
+    """Target false alarms per entity-hour: the threshold is set so that this share of
+    out-of-fold (held-out) normal windows lies below it, threshold risk =
+    alarms_per_hour * window_s / 3600 (capped at 0.5). A budget per hour, not per window,
+    because what a person can answer is alarms per hour whatever the window length: 2 s
+    windows get a risk of 2.8e-4, 5-minute windows 4.2e-2 (docs/detector.md, "Operating
+    point", says how 0.5 was chosen)."""
+    threshold_risk: float | None = None
+    """Target share of normal windows below the threshold; set, it replaces the one
+    alarms_per_hour gives."""
+    confirm_windows: int = 1
     """Consecutive windows of an entity below the threshold that make an anomaly (the last
     of them is reported, and each further one), unless one is far below it (the model's
-    single_threshold_); 1 reports every window below the threshold."""
+    single_threshold_); 1 (default) reports every window below the threshold: the
+    threshold already holds the alarm budget."""
     random_state: int = 0
     """Seed of the fits (results are reproducible)."""
     model_path: str | None = None
     """A model file (from `detector fit`) used for every entity instead of warm-up."""
+
+    @property
+    def risk(self) -> float:
+        """The threshold's share of normal windows: ``threshold_risk`` if set, else the
+        ``alarms_per_hour`` budget over windows of ``window_s``, at most 0.5."""
+        if self.threshold_risk is not None:
+            return self.threshold_risk
+        return min(self.alarms_per_hour * self.window_s / 3600.0, 0.5)
 
     def validate(self) -> DetectorConfig:
         """Raise ConfigError naming the first invalid key; return self."""
@@ -150,7 +170,8 @@ class DetectorConfig(Settings):
         positive = ("max_request_bytes", "queue_size", "max_queued_bytes", "window_s", "warmup_windows",
                     "refit_every", "history_windows", "max_entities", "entity_idle_s",
                     "max_entity_window_bytes", "max_window_bytes", "max_functions", "max_metrics",
-                    "max_span_refs", "top_features", "max_components", "reg_covar", "confirm_windows")
+                    "max_span_refs", "top_features", "max_components", "reg_covar", "confirm_windows",
+                    "max_fit_windows")
         for key in positive:
             if not getattr(self, key) > 0:
                 raise ConfigError(f"{key}: {getattr(self, key)!r} must be > 0")
@@ -167,8 +188,10 @@ class DetectorConfig(Settings):
             raise ConfigError(f"covariance_type: {self.covariance_type!r}, expected one of {COVARIANCE_TYPES}")
         if self.threshold_method not in THRESHOLD_METHODS:
             raise ConfigError(f"threshold_method: {self.threshold_method!r}, expected one of {THRESHOLD_METHODS}")
-        if not 0 < self.threshold_risk < 1:
+        if self.threshold_risk is not None and not 0 < self.threshold_risk < 1:
             raise ConfigError(f"threshold_risk: {self.threshold_risk!r} must be in (0, 1)")
+        if not self.alarms_per_hour > 0:
+            raise ConfigError(f"alarms_per_hour: {self.alarms_per_hour!r} must be > 0")
         try:
             check_windows(self.context_windows)
         except ValueError as exc:

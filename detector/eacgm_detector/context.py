@@ -16,10 +16,12 @@ The transform is causal (only earlier windows are used) and is the same in every
 :func:`add_context` on a time-ordered table (``fit``/``score`` of a CSV, the benchmark) and
 :class:`ContextTracker` one window at a time (the online service, recorded OTLP). Missing
 values follow :func:`eacgm_detector.features.fill_value`: a missing count is 0, any other
-missing value is skipped in the mean. A deviation is missing (NaN, and the model imputes it)
-without a current value, without any earlier value, and until the entity has had ``k``
-earlier windows: a mean over fewer windows is noisier than the one the model learnt, and
-every entity's first windows would look anomalous.
+missing value is skipped in the mean. A deviation is missing (NaN) without a current value,
+without any earlier value, and until the entity has had ``k`` earlier windows: a mean over
+fewer windows is noisier than the one the model learnt, and the short and long deviations
+would be equal, which they never are in training. The model fills a missing deviation with
+its most likely value given the window's other features (``GMMDetector``), so a series that
+starts steady at any normal level is normal from its first window.
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ from eacgm_detector.features import fill_value
 #: Default spans, in windows: a short one (10 windows, 100 s at the default 10 s windows)
 #: for jumps and a long one (30 windows) for slower drifts and long-lasting faults.
 DEFAULT_CONTEXT_WINDOWS = (10, 30)
+
+#: Values (rows x features x span) the trimmed mean sorts at once in :func:`add_context`:
+#: 32 MiB of float64, whatever the table's length.
+_BLOCK_VALUES = 1 << 22
 
 _SUFFIX = re.compile(r"\.dev(\d+)$")
 
@@ -117,9 +123,13 @@ def add_context(X: np.ndarray, names: list[str], windows) -> tuple[np.ndarray, l
     blocks, out_names = [X], list(names)
     for k in windows:
         padded = np.vstack([np.full((k, d), np.nan), X])
-        # previous[t] holds rows t-k .. t-1, shape (n, d, k)
+        # previous[t] holds rows t-k .. t-1, shape (n, d, k): a view; the trimmed mean sorts a
+        # copy, so it goes a block of rows at a time to keep memory linear in n, not n * k.
         previous = np.lib.stride_tricks.sliding_window_view(padded, k, axis=0)[:n]
-        dev = X - trimmed_mean(previous)
+        step = max(1, _BLOCK_VALUES // max(d * k, 1))
+        dev = np.empty((n, d))
+        for a in range(0, n, step):
+            dev[a:a + step] = X[a:a + step] - trimmed_mean(previous[a:a + step])
         dev[:k] = np.nan  # fewer than k earlier windows
         blocks.append(dev)
         out_names += [context_name(name, k) for name in names]

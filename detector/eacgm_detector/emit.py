@@ -25,11 +25,13 @@ EVENT_NAME = "eacgm.anomaly"
 ATTR_SCORE = "eacgm.anomaly.score"
 ATTR_THRESHOLD = "eacgm.anomaly.threshold"
 ATTR_WINDOWS = "eacgm.anomaly.windows"
+ATTR_RULE = "eacgm.anomaly.rule"
 ATTR_FLAG = "eacgm.anomaly"
 ATTR_WINDOW_START = "eacgm.anomaly.window.start"
 ATTR_WINDOW_END = "eacgm.anomaly.window.end"
 ATTR_FEATURES = "eacgm.anomaly.features"
 ATTR_CATEGORIES = "eacgm.anomaly.categories"
+ATTR_SHARES = "eacgm.anomaly.feature_shares"
 ATTR_TRACE_IDS = "eacgm.anomaly.trace_ids"
 ATTR_SPAN_IDS = "eacgm.anomaly.span_ids"
 METRIC_SCORE = "eacgm.anomaly.score"
@@ -73,7 +75,8 @@ def anomaly_message(res: WindowResult) -> str:
     top = ", ".join(f"{c.name} ({c.category})" for c in res.top) or "n/a"
     run = f" for {res.below} consecutive windows" if res.below > 1 else ""
     return (f"anomaly on {entity_label(res.entity)} in window {_iso(res.start_ns)}..{_iso(res.end_ns)}: "
-            f"log-likelihood {res.score:.1f} < threshold {res.threshold:.1f}{run}; top features: {top}")
+            f"log-likelihood {res.score:.1f} < threshold {res.threshold:.1f}{run} (rule {res.rule}); "
+            f"top features: {top}")
 
 
 def anomaly_log(res: WindowResult) -> LogRecord:
@@ -83,9 +86,10 @@ def anomaly_log(res: WindowResult) -> LogRecord:
         severity_number=SeverityNumber.SEVERITY_NUMBER_WARN, severity_text="WARN",
         event_name=EVENT_NAME, body=AnyValue(string_value=anomaly_message(res)),
         attributes=[kv(ATTR_SCORE, res.score), kv(ATTR_THRESHOLD, res.threshold),
-                    kv(ATTR_WINDOWS, res.below), kv(ATTR_WINDOW_START, res.start_ns), kv(ATTR_WINDOW_END, res.end_ns),
+                    kv(ATTR_WINDOWS, res.below), kv(ATTR_RULE, res.rule), kv(ATTR_WINDOW_START, res.start_ns), kv(ATTR_WINDOW_END, res.end_ns),
                     kv(ATTR_FEATURES, [c.name for c in res.top]),
-                    kv(ATTR_CATEGORIES, [c.category for c in res.top])]
+                    kv(ATTR_CATEGORIES, [c.category for c in res.top]),
+                    kv(ATTR_SHARES, [float(c.share) for c in res.top])]
         + [kv(k, v) for k, v in res.entity])
     if res.affected:
         rec.trace_id, rec.span_id = res.affected[0]

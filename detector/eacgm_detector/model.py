@@ -31,6 +31,13 @@ THRESHOLD_METHODS = ("pot", "quantile")
 #: call among two a window caught, a metric export a tick late), the first anomalous windows of
 #: the injected faults 12 to 290,000 times (docs/benchmarks.md).
 SINGLE_WINDOW_MARGIN = 3.0
+#: Default cap on the windows one mixture is fitted on (``max_fit_windows``); see
+#: docs/detector.md "Fit time" for the measured cost and the error of the sample.
+MAX_FIT_WINDOWS = 4000
+#: Names of the confirmation rules (:meth:`GMMDetector.rule`), as events and ``score`` give them.
+RULE_THRESHOLD = "threshold"
+RULE_CONSECUTIVE = "consecutive"
+RULE_FAR = "far"
 #: Features whose unit (standard deviation or resolution) is below this are constant at 0 in
 #: training: they are centred, not standardized, and ``reg_covar`` bounds their variance.
 _CONSTANT_STD = 1e-12
@@ -79,6 +86,13 @@ class GMMDetector(OutlierMixin, BaseEstimator):
         so far down that nothing is ever flagged. Not more: with contiguous folds the low
         held-out scores are mostly drift that future windows will show too, and the
         threshold must cover it.
+    max_fit_windows : int or None, default=MAX_FIT_WINDOWS
+        Most windows any one mixture is fitted on: more are sampled at random (seeded, kept in
+        time order). EM costs iterations x windows x components x features squared, and the
+        search fits up to ``max_components`` mixtures plus one per fold and a final one, so
+        without a cap a fit on 30k windows of 114 features took minutes. The sample bounds
+        every EM run; every window is still scored out of fold (linear in rows) for the
+        threshold. None fits on every window.
     n_folds : int, default=5
         Folds for out-of-fold (held-out) scores that set the threshold and check BIC's choice.
     shuffle_folds : bool, default=False
@@ -88,10 +102,11 @@ class GMMDetector(OutlierMixin, BaseEstimator):
         threshold too loose for the drift that real future windows show. True: random folds.
     derived_from : sequence of int or None, default=None
         Per feature, -1 or the index of the feature it is a deviation of (a context feature,
-        :mod:`eacgm_detector.context`). A missing deviation (no earlier windows to compare
-        with) is imputed as its feature's deviation from the training mean, "at the usual
-        level": the median deviation next to an arbitrary current value would claim a jump
-        and make every entity's first windows look anomalous. None: no context features.
+        :mod:`eacgm_detector.context`); a context feature's resolution is its base feature's.
+        A missing deviation (a series' first windows) is completed with its most likely value
+        given the window's other features (:meth:`_complete`): imputing it as the level's
+        distance from the training mean claimed a jump at the start of every series that
+        began elsewhere. None: no context features.
     logarithmic : sequence of bool or None, default=None
         Per feature, whether it is a logarithm (a log duration): its differences are ratios,
         so its resolution is ``log1p(RELATIVE_RESOLUTION)`` in its own units, not a share of
@@ -104,7 +119,8 @@ class GMMDetector(OutlierMixin, BaseEstimator):
     ----------
     n_components_ : int
     bic_ : ndarray of shape (n_tried,)
-        BIC for ``1..n_tried`` components on the first fold's training part.
+        BIC for ``1..n_tried`` components on the first fold's training part (one entry, for
+        the given size, when ``fit`` was given ``n_components``).
     holdout_log_likelihood_ : ndarray of shape (n_tried,)
         Mean log-likelihood of the first fold's held-out windows, per tried size.
     threshold_ : float
@@ -117,6 +133,8 @@ class GMMDetector(OutlierMixin, BaseEstimator):
         ``SINGLE_WINDOW_MARGIN`` times as far below the median held-out score as the threshold.
     center_, scale_, fill_ : ndarray of shape (n_features,)
         Standardization and median imputation learned from training windows.
+    holdout_scores_ : ndarray of shape (n_samples,)
+        Each training window's out-of-fold score (not saved in model files).
     mixture_ : GaussianMixture
     n_iter_ : int
         EM iterations of the final fit.
@@ -131,6 +149,7 @@ class GMMDetector(OutlierMixin, BaseEstimator):
         threshold_method: str = "pot",
         threshold_risk: float = 1e-3,
         trim_fraction: float = 0.005,
+        max_fit_windows: int | None = MAX_FIT_WINDOWS,
         n_folds: int = 5,
         shuffle_folds: bool = False,
         derived_from=None,
@@ -145,6 +164,7 @@ class GMMDetector(OutlierMixin, BaseEstimator):
         self.threshold_method = threshold_method
         self.threshold_risk = threshold_risk
         self.trim_fraction = trim_fraction
+        self.max_fit_windows = max_fit_windows
         self.n_folds = n_folds
         self.shuffle_folds = shuffle_folds
         self.derived_from = derived_from
@@ -175,6 +195,9 @@ class GMMDetector(OutlierMixin, BaseEstimator):
             raise ValueError(f"threshold_risk={self.threshold_risk!r}: expected 0 < risk < 1")
         if not 0 <= self.trim_fraction < 0.5:
             raise ValueError(f"trim_fraction={self.trim_fraction!r}: expected 0 <= fraction < 0.5")
+        if self.max_fit_windows is not None and (
+                not isinstance(self.max_fit_windows, (int, np.integer)) or self.max_fit_windows < 2):
+            raise ValueError(f"max_fit_windows={self.max_fit_windows!r}: expected None or an integer >= 2")
         if not isinstance(self.n_folds, (int, np.integer)) or self.n_folds < 2:
             raise ValueError(f"n_folds={self.n_folds!r}: expected an integer >= 2")
 
@@ -203,28 +226,64 @@ class GMMDetector(OutlierMixin, BaseEstimator):
         return logs
 
     def _impute(self, X: np.ndarray) -> np.ndarray:
-        """NaN to the training median; a missing deviation to its feature's deviation from
-        the training mean (see ``derived_from``)."""
-        src = self._derived(X.shape[1])
-        ctx = np.isnan(X) & (src >= 0)
-        X = np.where(np.isnan(X), self.fill_, X)
-        if ctx.any():
-            rows, cols = np.nonzero(ctx)
-            X[rows, cols] = X[rows, src[cols]] - self.center_[src[cols]]
-        return X
+        """NaN to the training median (a fit's first step; scoring then completes a missing
+        deviation, see :meth:`_complete`)."""
+        return np.where(np.isnan(X), self.fill_, X)
 
-    def _mixture(self, k: int, seed: int, Z: np.ndarray) -> GaussianMixture:
-        """An unfitted mixture of ``k`` components for the windows ``Z``."""
+    def _complete(self, Z: np.ndarray, missing: np.ndarray, gm: GaussianMixture | None = None) -> np.ndarray:
+        """Standardized windows ``Z`` with their ``missing`` entries (deviations a series'
+        first windows cannot have, see ``derived_from``) set to their most likely values
+        given the rest of the window: the conditional mean under each component, keeping the
+        completion the mixture scores highest. Any fixed value (the training median, or the
+        level's distance from the training mean as before) claims a change, or none, that
+        the window's own features contradict wherever its level is not the training one.
+        ``gm``: the mixture to complete with (default ``mixture_``)."""
+        gm = self.mixture_ if gm is None else gm
+        Z = Z.copy()
+        patterns, which = np.unique(missing, axis=0, return_inverse=True)
+        for p, mask in enumerate(patterns):
+            if not mask.any():
+                continue
+            rows = np.flatnonzero(which.ravel() == p)
+            z, best = Z[rows], np.full(rows.size, -np.inf)
+            out = z.copy()
+            for c in range(gm.n_components):
+                P = _precision(gm, c)
+                # E[z_m | z_o] = mu_m - P_mm^-1 P_mo (z_o - mu_o), P the component's precision.
+                mu = gm.means_[c]
+                cand = z.copy()
+                cand[:, mask] = mu[mask] - np.linalg.solve(
+                    P[np.ix_(mask, mask)], P[np.ix_(mask, ~mask)] @ (z[:, ~mask] - mu[~mask]).T).T
+                score = gm.score_samples(cand)
+                better = score > best
+                out[better], best[better] = cand[better], score[better]
+            Z[rows] = out
+        return Z
+
+    def _mixture(self, k: int, seed: int, Z: np.ndarray,
+                 start: GaussianMixture | None = None) -> GaussianMixture:
+        """An unfitted mixture of ``k`` components for the windows ``Z``; with ``start`` (a
+        fitted mixture of ``k`` components), EM starts from its parameters."""
+        init = {} if start is None else dict(weights_init=start.weights_, means_init=start.means_,
+                                             precisions_init=start.precisions_)
         return GaussianMixture(
             n_components=k,
             covariance_type=self.covariance_type,
             reg_covar=max(self.reg_covar, Z.shape[1] / Z.shape[0]),
-            n_init=self.n_init,
+            n_init=1 if start is not None else self.n_init,
             max_iter=self.max_iter,
             random_state=seed,
+            **init,
         )
 
-    def fit(self, X, y=None):
+    def _sample(self, rows: np.ndarray, rng: np.random.RandomState) -> np.ndarray:
+        """At most ``max_fit_windows`` of ``rows``, drawn at random and kept in time order."""
+        cap = self.max_fit_windows
+        if cap is None or rows.size <= cap:
+            return rows
+        return np.sort(rng.choice(rows, cap, replace=False))
+
+    def fit(self, X, y=None, n_components: int | None = None):
         """Fit on windows assumed mostly normal.
 
         Parameters
@@ -233,6 +292,10 @@ class GMMDetector(OutlierMixin, BaseEstimator):
             Window features in time order (the folds are contiguous unless
             ``shuffle_folds``); NaN marks a missing value.
         y : ignored
+        n_components : int or None
+            Skip the component search and fit this many (at most ``max_components``): a
+            refresh of a model whose size an earlier search chose, at the cost of one
+            mixture per fold and a final one instead of up to ``max_components`` more.
         """
         self._check_params()
         X = validate_data(self, X, dtype=np.float64, ensure_all_finite="allow-nan",
@@ -243,9 +306,8 @@ class GMMDetector(OutlierMixin, BaseEstimator):
             warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns
             fill = np.nanmedian(X, axis=0)
         self.fill_ = np.where(np.isfinite(fill), fill, 0.0)
+        X_raw = X
         with np.errstate(over="ignore", invalid="ignore"):  # overflow is checked just below
-            # The plain features' means first: a missing deviation is imputed from them.
-            self.center_ = np.where(np.isnan(X), self.fill_, X).mean(axis=0)
             X = self._impute(X)
             self.center_ = X.mean(axis=0)
             self.scale_ = self._scales(X)
@@ -263,12 +325,15 @@ class GMMDetector(OutlierMixin, BaseEstimator):
         order = rng.permutation(n) if self.shuffle_folds else np.arange(n)
         folds = np.array_split(order, min(self.n_folds, n))
         hold0 = folds[0]
-        train0 = np.setdiff1d(np.arange(n), hold0)
+        train0 = self._sample(np.setdiff1d(np.arange(n), hold0), rng)
         bic, hold_ll, fitted = [], [], []
-        for k in range(1, min(self.max_components, train0.size) + 1):
+        sizes = range(1, min(self.max_components, train0.size) + 1)
+        if n_components is not None:
+            sizes = [min(int(n_components), sizes[-1])]
+        for k in sizes:
             gm = self._mixture(k, seed, Z[train0]).fit(Z[train0])
             bic.append(gm.bic(Z[train0]))
-            hold_ll.append(gm.score(Z[hold0]))
+            hold_ll.append(gm.score(Z[self._sample(hold0, rng)]))
             fitted.append(gm)
             # BIC rising twice in a row: larger mixtures will not win, stop paying for them.
             if len(bic) >= 3 and bic[-1] > bic[-2] > bic[-3]:
@@ -280,16 +345,28 @@ class GMMDetector(OutlierMixin, BaseEstimator):
         # better, it overfitted, and the held-out winner is taken instead.
         if self.holdout_log_likelihood_[best] < self.holdout_log_likelihood_.max() - 1.0:
             best = int(np.argmax(self.holdout_log_likelihood_))
-        self.n_components_ = best + 1
+        self.n_components_ = list(sizes)[best]
+        # The deviations a table's first windows lack were the median ("no change") so far;
+        # from here on they are completed as scoring completes them, by the search's pick.
+        missing = np.isnan(X_raw) & (self._derived(X_raw.shape[1]) >= 0)
+        if missing.any():
+            rows = np.flatnonzero(missing.any(axis=1))
+            Z[rows] = self._complete(Z[rows], missing[rows], fitted[best])
 
+        # Every window is scored by a model that did not see it (scoring is linear in rows);
+        # each of those models, like the search's, is fitted on a sample of its training part.
         oof = np.empty(n)
         oof[hold0] = fitted[best].score_samples(Z[hold0])
         for hold in folds[1:]:
-            train = np.setdiff1d(np.arange(n), hold)
+            train = self._sample(np.setdiff1d(np.arange(n), hold), rng)
             k = min(self.n_components_, train.size)
             oof[hold] = self._mixture(k, seed, Z[train]).fit(Z[train]).score_samples(Z[hold])
-        self.mixture_ = self._mixture(self.n_components_, seed, Z).fit(Z)
+        # The final mixture starts from the search's pick, fitted on most of the same windows,
+        # so EM needs a few iterations instead of a fresh k-means start and a full climb.
+        every = self._sample(np.arange(n), rng)
+        self.mixture_ = self._mixture(self.n_components_, seed, Z[every], start=fitted[best]).fit(Z[every])
         self.n_iter_ = self.mixture_.n_iter_
+        self.holdout_scores_ = oof
         median = float(np.median(oof))
         oof = np.sort(oof)[int(np.ceil(self.trim_fraction * n)):]
         if self.threshold_method == "pot":
@@ -322,7 +399,12 @@ class GMMDetector(OutlierMixin, BaseEstimator):
     def _standardize(self, X) -> np.ndarray:
         check_is_fitted(self, "mixture_")
         X = validate_data(self, X, dtype=np.float64, ensure_all_finite="allow-nan", reset=False)
-        return (self._impute(X) - self.center_) / self.scale_
+        Z = (self._impute(X) - self.center_) / self.scale_
+        missing = np.isnan(X) & (self._derived(X.shape[1]) >= 0)
+        if missing.any():
+            rows = np.flatnonzero(missing.any(axis=1))
+            Z[rows] = self._complete(Z[rows], missing[rows])
+        return Z
 
     def score_samples(self, X) -> np.ndarray:
         """Log-likelihood of each window in standardized feature space, shape (n_samples,)."""
@@ -337,22 +419,36 @@ class GMMDetector(OutlierMixin, BaseEstimator):
         """+1 for normal windows, -1 for anomalies, shape (n_samples,)."""
         return np.where(self.decision_function(X) >= 0, 1, -1)
 
+    def rule(self, score: float, run: int, confirm_windows: int) -> str | None:
+        """The confirmation rule that makes a window with this score an anomaly, or None;
+        ``run`` is the number of consecutive windows below ``threshold_`` that end with it
+        (0 if it is not below). ``RULE_THRESHOLD``: below the threshold, where one window
+        suffices (``confirm_windows`` 1); ``RULE_CONSECUTIVE``: the ``confirm_windows``-th
+        (or a later) window in a row below it; ``RULE_FAR``: alone, but far below it
+        (``single_threshold_``), where a fault leaves no doubt in its first window."""
+        if not score < self.threshold_:
+            return None
+        if run >= confirm_windows:
+            return RULE_THRESHOLD if confirm_windows <= 1 else RULE_CONSECUTIVE
+        return RULE_FAR if score < self.single_threshold_ else None
+
     def is_anomaly(self, score: float, run: int, confirm_windows: int) -> bool:
-        """Whether a window with this score is reported, ``run`` being the number of
-        consecutive windows below ``threshold_`` that end with it (0 if it is not below).
-        A fault holds for windows on end where one slow call moves one; a window far below
-        (``single_threshold_``) needs no second."""
-        return score < self.threshold_ and (run >= confirm_windows or score < self.single_threshold_)
+        """Whether a window with this score is reported (:meth:`rule` is not None)."""
+        return self.rule(score, run, confirm_windows) is not None
+
+    def rules(self, scores: np.ndarray, confirm_windows: int) -> list[str | None]:
+        """:meth:`rule` over the scores of consecutive windows in time order, as the online
+        detector reports them: the rule that fired per window, None where none did."""
+        out: list[str | None] = []
+        run = 0
+        for score in scores:
+            run = run + 1 if score < self.threshold_ else 0
+            out.append(self.rule(float(score), run, confirm_windows))
+        return out
 
     def anomalies(self, scores: np.ndarray, confirm_windows: int) -> np.ndarray:
-        """:meth:`is_anomaly` over the scores of consecutive windows in time order, as the
-        online detector reports them: a bool per window."""
-        flags = np.zeros(len(scores), dtype=bool)
-        run = 0
-        for i, score in enumerate(scores):
-            run = run + 1 if score < self.threshold_ else 0
-            flags[i] = self.is_anomaly(float(score), run, confirm_windows)
-        return flags
+        """Whether each of consecutive windows is reported (:meth:`rules`), a bool per window."""
+        return np.array([r is not None for r in self.rules(scores, confirm_windows)], dtype=bool)
 
     def contributions(self, X) -> np.ndarray:
         """Per-feature share of each window's unlikeliness, shape (n_samples, n_features).
@@ -368,6 +464,19 @@ class GMMDetector(OutlierMixin, BaseEstimator):
         comp = gm.predict(Z)
         var = np.stack([_variances(gm, c) for c in range(gm.n_components)])
         return (Z - gm.means_[comp]) ** 2 / var[comp]
+
+
+def _precision(gm: GaussianMixture, c: int) -> np.ndarray:
+    """Component ``c``'s precision matrix (d x d) for any covariance type."""
+    prec = gm.precisions_
+    d = gm.means_.shape[1]
+    if gm.covariance_type == "full":
+        return prec[c]
+    if gm.covariance_type == "tied":
+        return prec
+    if gm.covariance_type == "diag":
+        return np.diag(prec[c])
+    return np.eye(d) * prec[c]
 
 
 def _variances(gm: GaussianMixture, c: int) -> np.ndarray:

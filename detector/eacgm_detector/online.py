@@ -26,6 +26,12 @@ from eacgm_detector.windows import EntityWindows, Window
 log = logging.getLogger(__name__)
 
 
+#: Fits of an entity between two component searches; the refits between them keep the size
+#: and refit means, covariances and threshold on the newest history (the slow drift the
+#: history follows moves those, rarely the number of modes).
+SEARCH_EVERY = 10
+
+
 @dataclass
 class Contribution:
     """One feature's part in an anomaly."""
@@ -34,6 +40,8 @@ class Contribution:
     category: str
     contribution: float
     value: float
+    #: Its share of the window's summed contributions (0..1): how much of the drop it explains.
+    share: float = math.nan
 
 
 @dataclass
@@ -48,6 +56,8 @@ class WindowResult:
     anomalous: bool
     #: Consecutive windows of the entity below the threshold, this one included (0: not below).
     below: int = 0
+    #: The confirmation rule that made it an anomaly (``GMMDetector.rule``), None if it is not.
+    rule: str | None = None
     top: list[Contribution] = field(default_factory=list)
     affected: list[tuple[bytes, bytes]] = field(default_factory=list)
     span_refs: list[tuple] = field(default_factory=list, repr=False)
@@ -58,15 +68,22 @@ def model_from_config(cfg: DetectorConfig, names: list[str] | None = None) -> GM
     knows which are context features of which (``derived_from``) and which are logarithms
     (``logarithmic``)."""
     return GMMDetector(cfg.max_components, covariance_type=cfg.covariance_type,
-                       reg_covar=cfg.reg_covar, threshold_method=cfg.threshold_method,
-                       threshold_risk=cfg.threshold_risk, random_state=cfg.random_state,
+                       reg_covar=cfg.reg_covar, max_fit_windows=cfg.max_fit_windows,
+                       threshold_method=cfg.threshold_method,
+                       threshold_risk=cfg.risk, random_state=cfg.random_state,
                        derived_from=None if names is None else derived_from(names, cfg.context_windows),
                        logarithmic=None if names is None else [is_logarithmic(n) for n in names])
 
 
-def learnable(names: list[str], X: np.ndarray, source: str | None = None) -> tuple[list[str], np.ndarray]:
+def learnable(names: list[str], X: np.ndarray, source: str | None = None,
+              context_windows=()) -> tuple[list[str], np.ndarray]:
     """The features (columns of ``X``) that have a value in at least one window, with a
-    warning naming the others; ``ValueError`` when none has.
+    warning naming the others; ``ValueError`` when none has. A context feature (a
+    deviation over one of ``context_windows``) needs a value in at least half the windows,
+    silently: a history shorter than twice its span (the service's first fits) has too few
+    to learn its spread from, and the model would fill the windows that lack it from that
+    too-narrow spread and then find every later window's deviation unlikely. It joins the
+    model at a later refit.
 
     A feature missing from every training window (a column left empty, a deviation over more
     windows than the table has) teaches the model nothing: it would be imputed as one constant,
@@ -76,6 +93,9 @@ def learnable(names: list[str], X: np.ndarray, source: str | None = None) -> tup
     ``source`` (a file name) starts the messages.
     """
     where = f"{source}: " if source else ""
+    sparse = np.array([base_name(n, context_windows) != n for n in names], dtype=bool)
+    sparse &= np.isnan(X).mean(axis=0) > 0.5
+    names, X = [n for n, s in zip(names, sparse) if not s], X[:, ~sparse]
     empty = np.isnan(X).all(axis=0)
     if empty.all():
         raise ValueError(f"{where}no feature has a value in any of the {len(X)} windows (all missing "
@@ -89,13 +109,16 @@ def learnable(names: list[str], X: np.ndarray, source: str | None = None) -> tup
     return [n for n, e in zip(names, empty) if not e], X[:, ~empty]
 
 
-def fit_rows(cfg: DetectorConfig, rows: list[dict[str, float]], source: str | None = None) -> SavedModel:
+def fit_rows(cfg: DetectorConfig, rows: list[dict[str, float]], source: str | None = None,
+             n_components: int | None = None) -> SavedModel:
     """Fit a model on feature dicts (one per window, in time order), which already carry
     their context features (:class:`~eacgm_detector.context.ContextTracker` with
-    ``cfg.context_windows``); features without any value are left out (:func:`learnable`)."""
+    ``cfg.context_windows``); features without any value are left out (:func:`learnable`).
+    ``n_components``: refresh at this size, without the component search."""
     names = feature_names(rows)
-    names, X = learnable(names, vectorize(rows, names), source)
-    return SavedModel(model_from_config(cfg, names).fit(X), names, cfg.window_s, tuple(cfg.context_windows))
+    names, X = learnable(names, vectorize(rows, names), source, cfg.context_windows)
+    det = model_from_config(cfg, names).fit(X, n_components=n_components)
+    return SavedModel(det, names, cfg.window_s, tuple(cfg.context_windows))
 
 
 def fit_table(cfg: DetectorConfig, names: list[str], X: np.ndarray, source: str | None = None) -> SavedModel:
@@ -103,7 +126,7 @@ def fit_table(cfg: DetectorConfig, names: list[str], X: np.ndarray, source: str 
     (``names``), its context features derived here; ``window_s`` is not recorded. Features
     without any value are left out (:func:`learnable`)."""
     Xc, names_c = add_context(X, names, cfg.context_windows)
-    names_c, Xc = learnable(names_c, Xc, source)
+    names_c, Xc = learnable(names_c, Xc, source, cfg.context_windows)
     return SavedModel(model_from_config(cfg, names_c).fit(Xc), names_c, None, tuple(cfg.context_windows))
 
 
@@ -148,7 +171,10 @@ class EntityDetector:
         self.last_seen = 0.0     # when data of it last came, on the Detector's clock
 
     def _fit(self) -> None:
-        self.model = fit_rows(self.cfg, list(self.history))
+        # A refit refreshes the model on the newest windows at the size the last search
+        # chose; every SEARCH_EVERY-th fit (the first included) searches the size again.
+        size = None if self.model is None or self.fits % SEARCH_EVERY == 0 else self.model.detector.n_components_
+        self.model = fit_rows(self.cfg, list(self.history), n_components=size)
         self._since_fit = 0
         self.fits += 1
         det = self.model.detector
@@ -175,9 +201,10 @@ class EntityDetector:
         below = score < det.threshold_
         self._below = (self._below + 1 if self._last_end == win.start_ns else 1) if below else 0
         self._last_end = win.end_ns
-        anomalous = det.is_anomaly(score, self._below, self.cfg.confirm_windows)
+        rule = det.rule(score, self._below, self.cfg.confirm_windows)
+        anomalous = rule is not None
         result = WindowResult(score=score, threshold=float(det.threshold_), anomalous=anomalous,
-                              below=self._below, **base)
+                              below=self._below, rule=rule, **base)
         if anomalous:
             result.top = _top_features(self.model, x, self.cfg.top_features)
             result.affected = _affected_spans(win, result.top)
@@ -201,8 +228,9 @@ def _top_features(model: SavedModel, x: np.ndarray, n: int) -> list[Contribution
         base = base_name(name, model.context_windows)
         total[base] = total.get(base, 0.0) + float(c)
     top = sorted(total.items(), key=lambda kv: -kv[1])[:n]
-    return [Contribution(b, feature_category(b), c, float(x[0, index[b]]) if b in index else math.nan)
-            for b, c in top]
+    whole = sum(total.values()) or 1.0
+    return [Contribution(b, feature_category(b), c, float(x[0, index[b]]) if b in index else math.nan,
+                         c / whole) for b, c in top]
 
 
 def _affected_spans(win: Window, top: list[Contribution]) -> list[tuple[bytes, bytes]]:

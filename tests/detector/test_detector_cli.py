@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from eacgm_detector.cli import main
 from eacgm_detector.persist import load_model
@@ -42,24 +43,29 @@ def test_fit_and_score_csv(tmp_path):
     assert main(["score", "--model", str(tmp_path / "m.npz"), "--input", str(tmp_path / "test.csv"),
                  "--output", str(tmp_path / "scores.csv")]) == 0
     rows = list(csv.DictReader(open(tmp_path / "scores.csv")))
-    assert len(rows) == 100 and set(rows[0]) == {"score", "anomaly"}
+    assert len(rows) == 100 and list(rows[0]) == ["score", "threshold", "anomaly", "rule"]
     flagged = [i for i, r in enumerate(rows) if r["anomaly"] == "1"]
     assert {10, 50} <= set(flagged) and len(flagged) <= 3
-    # Flagged as `serve` reports: two rows in a row below the threshold, or one far below it.
     det = load_model(tmp_path / "m.npz").detector
     scores = [float(r["score"]) for r in rows]
+    # Default: every row below the threshold is reported, by the rule "threshold".
+    assert all(float(r["threshold"]) == pytest.approx(det.threshold_, rel=1e-5) for r in rows)
+    assert [r["rule"] for r in rows] == ["threshold" if s < det.threshold_ else "" for s in scores]
+    assert [r["anomaly"] == "1" for r in rows] == [s < det.threshold_ for s in scores]
+
+    # --confirm-windows 2: two rows in a row below the threshold, or one far below it, each
+    # row naming the rule that fired.
+    assert main(["score", "--model", str(tmp_path / "m.npz"), "--input", str(tmp_path / "test.csv"),
+                 "--output", str(tmp_path / "two.csv"), "--confirm-windows", "2"]) == 0
+    two = list(csv.DictReader(open(tmp_path / "two.csv")))
     assert all(scores[i] < det.single_threshold_ for i in (10, 50))
     runs = [0]
     for s in scores:
         runs.append(runs[-1] + 1 if s < det.threshold_ else 0)
-    assert [r["anomaly"] == "1" for r in rows] == [
-        s < det.threshold_ and (run >= 2 or s < det.single_threshold_) for s, run in zip(scores, runs[1:])]
-
-    # --confirm-windows 1: every row below the threshold.
-    assert main(["score", "--model", str(tmp_path / "m.npz"), "--input", str(tmp_path / "test.csv"),
-                 "--output", str(tmp_path / "each.csv"), "--confirm-windows", "1"]) == 0
-    each = list(csv.DictReader(open(tmp_path / "each.csv")))
-    assert [r["anomaly"] == "1" for r in each] == [s < det.threshold_ for s in scores]
+    expected = ["consecutive" if s < det.threshold_ and run >= 2 else
+                "far" if s < det.single_threshold_ else "" for s, run in zip(scores, runs[1:])]
+    assert [r["rule"] for r in two] == expected and expected[10] == expected[50] == "far"
+    assert [r["anomaly"] == "1" for r in two] == [e != "" for e in expected]
 
 
 def write_jsonl(path, reqs):

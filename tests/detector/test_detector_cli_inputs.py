@@ -228,7 +228,7 @@ def test_score_of_a_table_without_rows_writes_only_the_header(tmp_path):
     proc = run("score", "--model", tmp_path / "m.npz", "--input", tmp_path / "empty.csv",
                "--output", tmp_path / "s.csv")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert (tmp_path / "s.csv").read_text().splitlines() == ["score,anomaly"]
+    assert (tmp_path / "s.csv").read_text().splitlines() == ["score,threshold,anomaly,rule"]
 
 
 def test_json_error_lines_stay_one_line(tmp_path):

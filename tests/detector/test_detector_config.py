@@ -19,10 +19,21 @@ def test_defaults_are_valid_and_bind_localhost():
     assert cfg.listen.startswith("127.0.0.1:")
 
 
+def test_the_threshold_risk_is_the_alarm_budget_per_hour_unless_set():
+    # 0.5 alarms an hour: one window in 7,200 of 2 s, one in 24 of 5 minutes.
+    assert DetectorConfig(window_s=2).validate().risk == pytest.approx(0.5 * 2 / 3600)
+    assert DetectorConfig(window_s=300).validate().risk == pytest.approx(0.5 * 300 / 3600)
+    assert DetectorConfig(window_s=86400, alarms_per_hour=1).validate().risk == 0.5
+    assert DetectorConfig(window_s=2, threshold_risk=1e-3).validate().risk == 1e-3
+    assert DetectorConfig.load(flags={"alarms_per_hour": "2", "window_s": "36"}).risk == pytest.approx(0.02)
+
+
 @pytest.mark.parametrize("key,value,match", [
     ("window_s", 0, "window_s: 0 must be > 0"),
     ("covariance_type", "banana", "covariance_type: 'banana'"),
     ("threshold_risk", 1.5, "threshold_risk: 1.5"),
+    ("alarms_per_hour", 0.0, "alarms_per_hour: 0.0"),
+    ("max_fit_windows", 0, "max_fit_windows: 0"),
     ("listen", "localhost", "listen: 'localhost'"),
     ("tls_cert_file", "c.pem", "tls_cert_file / tls_key_file"),
     ("warmup_windows", 3, "warmup_windows: 3"),

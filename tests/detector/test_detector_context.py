@@ -177,3 +177,29 @@ def test_config_context_windows_validated(value, match):
     with pytest.raises(ValueError, match=match):
         DetectorConfig(context_windows=value).validate()
     assert DetectorConfig(context_windows=[]).validate().context_windows == []
+
+
+def _level_walk(rng: np.random.Generator, n: int, d: int = 4) -> np.ndarray:
+    """Metrics whose level wanders slowly over a wide range, with small window-to-window noise:
+    a normal series may start at any level the training windows visited."""
+    t = np.arange(n)[:, None]
+    return 10 * np.sin(2 * np.pi * t / 1500 + np.arange(d)) + 0.3 * rng.normal(size=(n, d))
+
+
+def test_a_series_that_starts_away_from_the_training_mean_is_not_flagged_at_its_start():
+    # The issue's defect: the first 30 windows of a scored series were flagged because their
+    # missing deviations read as "the level minus the training mean", a jump as large as the
+    # level's whole range, although the series was steady from its first window on.
+    rng = np.random.default_rng(11)
+    names = [f"m{j}" for j in range(4)]
+    train = _level_walk(rng, 6000)
+    model = fit_table(DetectorConfig(random_state=0), names, train)
+    for start in (300, 1100):  # levels near the top and the bottom of the sine, far from its mean
+        test = _level_walk(rng, 6000)[start:start + 200]
+        X, _ = table_features(model, names, test)
+        flags = model.detector.anomalies(model.detector.score_samples(X), 2)
+        assert not flags[:30].any(), (start, np.flatnonzero(flags[:30]))
+        # ... while a jump at the start of a series is still one.
+        test[:40, 0] += 8
+        X, _ = table_features(model, names, test)
+        assert model.detector.anomalies(model.detector.score_samples(X), 2)[:30].sum() > 20

@@ -44,6 +44,8 @@ def test_warmup_then_refit_on_windows_not_flagged(caplog):
     assert launch.top[0].value > slowest, "the anomalous window never entered the training set"
     fits = [r.getMessage() for r in caplog.records if " model " in r.getMessage()]
     assert len(fits) == ent.fits and "threshold" in fits[0]
+    # The refits refreshed the first fit's size without searching again.
+    assert ent.fits > 1 and ent.model.detector.bic_.shape == (1,)
 
 
 def test_history_is_bounded():
@@ -73,7 +75,7 @@ def test_fixed_model_scores_from_the_first_window_and_is_not_refitted():
 
 
 def test_a_window_below_the_threshold_is_an_anomaly_once_confirmed_or_beyond_doubt(monkeypatch):
-    cfg = DetectorConfig(window_s=1.0, grace_s=0.5, warmup_windows=10)
+    cfg = DetectorConfig(window_s=1.0, grace_s=0.5, warmup_windows=10, confirm_windows=2)
     train = Detector(DetectorConfig(window_s=1.0, grace_s=0.5, warmup_windows=10_000, history_windows=10_000))
     replay(train, recording([0], 150, seed=11))
     [ent] = train.entities.values()
@@ -93,5 +95,8 @@ def test_a_window_below_the_threshold_is_an_anomaly_once_confirmed_or_beyond_dou
     assert [(r.start_ns - T0) // SEC for r in results] == sorted(scores)
     reported = {(r.start_ns - T0) // SEC: r.below for r in results if r.anomalous}
     assert reported == {4: 2, 5: 3, 7: 1, 8: 2}
+    rules = {(r.start_ns - T0) // SEC: r.rule for r in results}
+    assert rules == {0: None, 1: None, 2: None, 3: None, 4: "consecutive", 5: "consecutive", 6: None,
+                     7: "far", 8: "consecutive", 11: None, 12: None}
     assert all(r.top for r in results if r.anomalous)
-    assert "for 3 consecutive windows" in anomaly_message(results[5])
+    assert "for 3 consecutive windows (rule consecutive)" in anomaly_message(results[5])

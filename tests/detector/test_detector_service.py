@@ -57,10 +57,15 @@ def test_normal_run_clean_injected_anomalies_flagged(receiver):
         attrs = attributes(lr.attributes)
         assert lr.event_name == "eacgm.anomaly" and lr.severity_text == "WARN"
         assert attrs["eacgm.anomaly.score"] < attrs["eacgm.anomaly.threshold"]
+        assert attrs["eacgm.anomaly.rule"] == "threshold"  # the default: each window alone
         assert attrs["host.name"] == "node0" and attrs["process.pid"] == "1000"
         cats = [c.string_value for c in lr.attributes[[a.key for a in lr.attributes].index(
             "eacgm.anomaly.categories")].value.array_value.values]
         assert cats[0] == EXPECTED_CATEGORY[kind], (kind, cats)
+        shares = [v.double_value for v in lr.attributes[[a.key for a in lr.attributes].index(
+            "eacgm.anomaly.feature_shares")].value.array_value.values]
+        assert len(shares) == len(cats) and shares == sorted(shares, reverse=True)
+        assert 0 < sum(shares) <= 1 + 1e-9 and shares[0] > 0.2, shares  # the top feature explains much
         assert len(lr.trace_id) == 16 and lr.trace_id == (w).to_bytes(16, "big")
         assert "anomaly on host.name=node0" in lr.body.string_value
 
