@@ -129,8 +129,11 @@ class Discovery:
         known = self._resources.pop(rec.pid, None) is not None
         self._kernel_names.forget(rec.pid)
         self.symbols.forget(rec.pid)
+        if self.attacher.frames is not None:
+            self.attacher.frames.forget(rec.pid)
         if known:
             self.resource_for(rec.pid)
+            self.scan({rec.pid})  # an interpreter executable is mapped already: its frames from the first call
 
     def _candidates(self) -> set[int]:
         if not self.filtering:
@@ -143,6 +146,8 @@ class Discovery:
     def _prune(self, now: float) -> None:
         for pid in [p for p in self._resources if not os.path.exists(f"/proc/{p}")]:
             del self._resources[pid]
+            if self.attacher.frames is not None:
+                self.attacher.frames.forget(pid)
             self._kernel_names.forget(pid)
             self.symbols.forget(pid)
             if self._on_gone is not None:
