@@ -19,6 +19,7 @@ from otel_eacgm.pyframes.layouts import CodeLayout
 _MAX_TEXT = 4096         # characters of a name or path read
 _MAX_LINETABLE = 1 << 20
 _CACHE_PER_PROCESS = 65536
+_MAX_REFCNT = 1 << 40      # above: not a count (a pointer); immortal objects (3.12+) stay below
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,11 +99,31 @@ def line_311(table: bytes, firstlineno: int, offset: int) -> int | None:
     return None
 
 
+def _alive(head: bytes, size: int, c: CodeLayout, code_type: int) -> bool:
+    """Whether `head` looks like a live code object: its type, and a reference count (freed
+    memory holds the allocator's free-list pointer there, or zero)."""
+    if len(head) < size:
+        return False
+    refcnt = int.from_bytes(head[0:8], "little")
+    return 0 < refcnt < _MAX_REFCNT and int.from_bytes(head[c.ob_type:c.ob_type + 8], "little") == code_type
+
+
+def _fields(head: bytes, offsets: list[int]) -> list[bytes]:
+    return [head[off:off + 8] for off in offsets]
+
+
 class ProcessMemory:
-    """Reads of one process' memory; empty bytes where it cannot be read."""
+    """Reads of one process' memory; empty bytes where it cannot be read. Opened per use: a
+    descriptor kept across an exec would read the old program's memory (or nothing)."""
 
     def __init__(self, pid: int, proc: str = "/proc") -> None:
         self._fd = os.open(f"{proc}/{pid}/mem", os.O_RDONLY)
+
+    def __enter__(self) -> ProcessMemory:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        os.close(self._fd)
 
     def read(self, addr: int, size: int) -> bytes:
         try:
@@ -110,37 +131,28 @@ class ProcessMemory:
         except (OSError, OverflowError, ValueError):
             return b""
 
-    def close(self) -> None:
-        os.close(self._fd)
-
 
 class CodeReader:
     """Names of code objects of the processes running one known interpreter layout each."""
 
     def __init__(self, proc: str = "/proc") -> None:
         self._proc = proc
-        self._procs: dict[int, tuple[ProcessMemory, CodeLayout, int]] = {}
+        self._procs: dict[int, tuple[CodeLayout, int]] = {}
         self._cache: dict[int, dict[tuple[int, int], CodeInfo]] = {}
 
     def track(self, pid: int, code: CodeLayout, code_type: int) -> bool:
         """Read `pid`'s code objects with `code` (PyCode_Type at `code_type` in the process)."""
         self.forget(pid)
-        try:
-            self._procs[pid] = (ProcessMemory(pid, self._proc), code, code_type)
-        except OSError:
+        if not os.path.exists(f"{self._proc}/{pid}/mem"):
             return False
+        self._procs[pid] = (code, code_type)
         self._cache[pid] = {}
         return True
 
     def forget(self, pid: int) -> None:
         """The process exited or executed another program: its addresses mean nothing now."""
-        entry = self._procs.pop(pid, None)
-        if entry is not None:
-            entry[0].close()
+        self._procs.pop(pid, None)
         self._cache.pop(pid, None)
-
-    def tracked(self, pid: int) -> bool:
-        return pid in self._procs
 
     def info(self, pid: int, code_addr: int, firstlineno: int) -> CodeInfo | None:
         """The code object at `code_addr` if it is still the one the walk saw, else None."""
@@ -160,26 +172,37 @@ class CodeReader:
         return info
 
     def _read(self, pid: int, addr: int) -> CodeInfo | None:
-        mem, c, code_type = self._procs[pid]
+        try:
+            with ProcessMemory(pid, self._proc) as mem:
+                return self._read_from(mem, addr, *self._procs[pid])
+        except OSError:  # the process is gone
+            return None
+
+    def _read_from(self, mem: ProcessMemory, addr: int, c: CodeLayout, code_type: int) -> CodeInfo | None:
         fields = [c.ob_type, c.co_filename, c.co_name, c.co_linetable, c.co_firstlineno]
         if c.co_qualname is not None:
             fields.append(c.co_qualname)
-        head = mem.read(addr, max(fields) + 8)
-        if len(head) < max(fields) + 8:
+        size = max(fields) + 8
+        head = mem.read(addr, size)
+        if not _alive(head, size, c, code_type):
             return None
 
         def ptr(off: int) -> int:
             return int.from_bytes(head[off:off + 8], "little")
 
-        if ptr(c.ob_type) != code_type:
-            return None
         name = self._text(mem, c, ptr(c.co_name))
         file = self._text(mem, c, ptr(c.co_filename))
         qualname = self._text(mem, c, ptr(c.co_qualname)) if c.co_qualname is not None else name
-        if name is None or file is None or qualname is None:
+        linetable = self._bytes(mem, c, ptr(c.co_linetable))
+        # A freed code object keeps its type and fields for a while, but not its strings (they
+        # are freed with it and reused): what was read counts only if the object is still the
+        # same live one afterwards.
+        again = mem.read(addr, size)
+        if name is None or file is None or qualname is None or not _alive(again, size, c, code_type) or \
+                _fields(again, fields) != _fields(head, fields):
             return None
         firstlineno = struct.unpack_from("<i", head, c.co_firstlineno)[0]
-        return CodeInfo(name, qualname, file, firstlineno, self._bytes(mem, c, ptr(c.co_linetable)))
+        return CodeInfo(name, qualname, file, firstlineno, linetable)
 
     @staticmethod
     def _text(mem: ProcessMemory, c: CodeLayout, addr: int) -> str | None:
