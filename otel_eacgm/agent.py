@@ -149,6 +149,7 @@ class Agent:
                 pass
         if self.frames is not None:
             self.frames.flush()
+            log.info("python frames: %s", self.frames.counters)
         self.shaper.flush()
         if self.call_stats is not None:
             self.call_stats.read(time.monotonic())

@@ -223,3 +223,13 @@ def load_bias(pid: int, path: str, proc: str = "/proc") -> int | None:
     except (OSError, ElfError, ValueError):
         return None
     return None
+
+
+def frame_support(path: str) -> str | None:
+    """What the frame walk makes of the interpreter file `path` (doctor): None if the file holds
+    no interpreter; raises UnknownInterpreter with the reason if it cannot read it."""
+    interp = interpreter(path)
+    if interp is None:
+        return None
+    tested = "" if interp.version in TESTED else ", untested"
+    return f"CPython {interp.version} frames read (layout from {interp.source}{tested})"

@@ -51,13 +51,13 @@ def source_lines() -> dict[str, int]:
     return out
 
 
-def traced(pipeline, python: Path, *extra: str, env: dict | None = None):  # noqa: ANN001, ANN201
+def traced(pipeline, python: Path, *extra: str, env: dict | None = None, frames: bool = True):  # noqa: ANN001, ANN201
     """Run the workload on `python` under the agent; (agent run, workload lines, its spans)."""
     cmd = agent_cmd(pipeline.grpc_endpoint, "--layers", "cuda.runtime", *extra, "--", str(python), WORKLOAD,
                     libcudart(), str(STEPS))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240,
                           env=dict(os.environ, OTEL_EACGM_GPU_METRICS="0", OTEL_EACGM_SPAN_SAMPLE_RATIO="1",
-                                   **(env or {})))
+                                   OTEL_EACGM_PYTHON_FRAMES="1" if frames else "0", **(env or {})))
     assert proc.returncode == 0, proc.stderr[-4000:]
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     pid = next(line["pid"] for line in lines if "pid" in line)
@@ -90,7 +90,8 @@ def test_frames_make_the_span_tree_on_every_interpreter(pipeline, version: str) 
     where = source_lines()
     kids = children(spans)
     py = [s for s in spans if s["attributes"]["eacgm.layer"] == "python"]
-    assert collections.Counter(s["name"] for s in py) == {"Trainer.run": 1, "step": STEPS, "forward": STEPS}
+    assert collections.Counter(s["name"] for s in py) == {"Trainer.run": 1, "step": STEPS, "forward": STEPS}, \
+        proc.stderr[-3000:]
     (run,) = [s for s in py if s["name"] == "Trainer.run"]
     assert run["parent_span_id"] == ""
     steps = kids[run["span_id"]]
@@ -128,7 +129,7 @@ def test_python_exclude_applies_to_walked_frames(pipeline) -> None:  # noqa: ANN
 
 
 def test_frames_off_leaves_calls_outermost(pipeline) -> None:  # noqa: ANN001
-    _, _, spans = traced(pipeline, INTERPRETERS["3.12"], env={"OTEL_EACGM_PYTHON_FRAMES": "0"})
+    _, _, spans = traced(pipeline, INTERPRETERS["3.12"], frames=False)
     assert {s["attributes"]["eacgm.layer"] for s in spans} == {"cuda.runtime"}
     assert all(s["parent_span_id"] == "" for s in spans) and len(spans) == 3 * STEPS
 
@@ -142,7 +143,8 @@ def test_churned_code_objects_and_threads_never_get_a_wrong_name(pipeline, versi
     cmd = agent_cmd(pipeline.grpc_endpoint, "--layers", "cuda.runtime", "--", str(python),
                     str(REPO / "tests/workloads/python_churn.py"), libcudart(), str(rounds))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240,
-                          env=dict(os.environ, OTEL_EACGM_GPU_METRICS="0", OTEL_EACGM_SPAN_SAMPLE_RATIO="1"))
+                          env=dict(os.environ, OTEL_EACGM_GPU_METRICS="0", OTEL_EACGM_SPAN_SAMPLE_RATIO="1",
+                                   OTEL_EACGM_PYTHON_FRAMES="1"))
     assert proc.returncode == 0, proc.stderr[-4000:]  # the traced program and the agent both ran through
     (end,) = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     exported = summary(proc.stderr)["exported"]
@@ -171,3 +173,46 @@ def test_churned_code_objects_and_threads_never_get_a_wrong_name(pipeline, versi
         assert parent["attributes"]["thread.id"] == call["attributes"]["thread.id"]
     workers = {s["attributes"]["thread.id"] for s in spans if s["name"] == "worker"}
     assert len(workers) == 4 * rounds + 1  # four short-lived threads per round, and the main thread
+
+
+def test_torch_training_step_is_a_span_over_its_operators(pipeline) -> None:  # noqa: ANN001
+    """Debian's 3.11 with the CPU torch wheel, no profile function: the USDT path saw nothing
+    here; the frames give main > train_step > loss_of > TinyNet.forward > Linear.forward >
+    aten::linear > aten::addmm, and the backward and optimizer operators under train_step."""
+    workload = str(REPO / "tests/workloads/torch_train.py")
+    cmd = agent_cmd(pipeline.grpc_endpoint, "--layers", "torch", "--", sys.executable, workload, str(STEPS))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240,
+                          env=dict(os.environ, OTEL_EACGM_GPU_METRICS="0", OTEL_EACGM_PYTHON_FRAMES="1"))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    pid = next(line["tid"] for line in lines if "step" in line)
+    exported = summary(proc.stderr)["exported"]
+
+    def mine() -> list[dict]:
+        return [s for s in pipeline.store.spans() if s["attributes"].get("process.pid") == pid]
+
+    assert pipeline.store.wait_for(lambda: len(mine()) >= exported, 30), (len(mine()), exported)
+    spans = mine()
+    kids = children(spans)
+    by_id = {s["span_id"]: s for s in spans}
+    steps = [s for s in spans if s["name"] == "train_step"]
+    assert len(steps) == STEPS
+    assert {by_id[s["parent_span_id"]]["name"] for s in steps} == {"main"}
+    for step in steps:
+        names = collections.Counter(c["name"] for c in kids[step["span_id"]])
+        # backward and the optimizer: mm for the weight gradients, add_ for SGD (their Python
+        # frames are torch's own, in site-packages, excluded by default)
+        assert names["loss_of"] == 1 and names["aten::mm"] == 3 and names["aten::add_"] == 4, names
+        (loss_of,) = [c for c in kids[step["span_id"]] if c["name"] == "loss_of"]
+        (net,) = [c for c in kids[loss_of["span_id"]] if c["name"] == "TinyNet.forward"]
+        assert [c["name"] for c in kids[net["span_id"]]] == ["Linear.forward", "aten::relu", "Linear.forward"]
+        for linear in (c for c in kids[net["span_id"]] if c["name"] == "Linear.forward"):
+            assert linear["attributes"]["code.function.name"] == "torch.nn.modules.linear.Linear.forward"
+            (op,) = kids[linear["span_id"]]
+            assert op["name"] == "aten::linear"
+            assert [c["name"] for c in kids[op["span_id"]]] == ["aten::addmm"]
+    for s in spans:  # children inside parents, on the parent's thread
+        if s["parent_span_id"]:
+            p = by_id[s["parent_span_id"]]
+            assert p["start"] <= s["start"] <= s["end"] <= p["end"], (p["name"], s["name"])
+            assert p["attributes"]["thread.id"] == s["attributes"]["thread.id"]

@@ -39,3 +39,6 @@ class Trainer:
 time.sleep(0.3)  # let the agent finish attaching
 Trainer().run(STEPS)
 print(json.dumps({"pid": os.getpid(), "version": list(sys.version_info[:2])}), flush=True)
+# The agent names code objects by reading this process' memory: a process that is gone before
+# a loaded agent reads its records leaves those frames unnamed (docs/tracing-layers.md).
+time.sleep(1.0)
