@@ -216,3 +216,15 @@ def test_torch_training_step_is_a_span_over_its_operators(pipeline) -> None:  # 
             p = by_id[s["parent_span_id"]]
             assert p["start"] <= s["start"] <= s["end"] <= p["end"], (p["name"], s["name"])
             assert p["attributes"]["thread.id"] == s["attributes"]["thread.id"]
+
+
+def test_an_unknown_interpreter_is_reported_once_and_its_calls_still_traced(pipeline) -> None:  # noqa: ANN001
+    python = PYENV / "3.9.18/bin/python3.9"
+    if not python.exists():
+        pytest.skip(f"{python} is not installed")
+    proc, _, spans = traced(pipeline, python)
+    reports = [line for line in proc.stderr.splitlines() if "Python frames are not read in processes of" in line]
+    assert len(reports) == 1 and "libpython3.9" in reports[0] and "CPython 3.9" in reports[0], reports
+    assert collections.Counter(s["name"] for s in spans) == {
+        "cudaSetDevice": STEPS, "cudaMemset": STEPS, "cudaDeviceSynchronize": STEPS}
+    assert all(s["parent_span_id"] == "" for s in spans)
