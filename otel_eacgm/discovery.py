@@ -136,11 +136,12 @@ class Discovery:
         known = self._resources.pop(rec.pid, None) is not None
         self._kernel_names.forget(rec.pid)
         self.symbols.forget(rec.pid)
-        if self.attacher.frames is not None:
-            self.attacher.frames.forget(rec.pid)
         if known:
             self.resource_for(rec.pid)
-            self.scan({rec.pid})  # an interpreter executable is mapped already: its frames from the first call
+        if self.attacher.frames is not None:
+            self.attacher.frames.forget(rec.pid)
+            if known:  # an interpreter executable is mapped already: its frames from the first call
+                self.scan({rec.pid})
 
     def _candidates(self) -> set[int]:
         if not self.filtering:
