@@ -45,6 +45,10 @@ static __always_inline struct call_stat *stat_zero_lookup(int *zero) { return st
 static __always_inline struct py_rule *py_rules_lookup(int *key) { return py_rules.lookup(key); }
 static __always_inline __u64 *py_names_lookup(__u32 *hash) { return py_names.lookup(hash); }
 static __always_inline struct py_scratch *py_scratch_lookup(int *zero) { return py_scratch.lookup(zero); }
+static __always_inline struct py_layout *py_layouts_lookup(__u32 *tgid) { return py_layouts.lookup(tgid); }
+static __always_inline __u64 *py_tstates_lookup(__u32 *tid) { return py_tstates.lookup(tid); }
+static __always_inline int py_tstates_update(__u32 *tid, __u64 *ts) { return py_tstates.update(tid, ts); }
+static __always_inline struct py_frame_buf *py_frame_buf_lookup(int *zero) { return py_frame_buf.lookup(zero); }
 static __always_inline struct open_path *opening_lookup(__u32 *tid) { return opening.lookup(tid); }
 static __always_inline int opening_update(__u32 *tid, struct open_path *p) { return opening.update(tid, p); }
 static __always_inline int opening_delete(__u32 *tid) { return opening.delete(tid); }
@@ -59,6 +63,7 @@ static __always_inline void tails_call(struct pt_regs *ctx, int tail) { tails.ca
 #include "calls/frames.bpf.h"
 #include "calls/sampling.bpf.h"
 #include "calls/call_stats.bpf.h"
+#include "calls/pystack.bpf.h"
 #include "calls/emit.bpf.h"
 #include "calls/unwind.bpf.h"
 #include "calls/python.bpf.h"

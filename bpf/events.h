@@ -21,6 +21,8 @@
 #define EACGM_BW_BUCKETS 32  /* call_stat.bw: [0, 2^20 B/s), [2^20, 2^21) .. [2^50, inf) */
 #define EACGM_BW_SHIFT 19
 #define EACGM_STATUS_UNWOUND (-2147483647 - 1) /* stat_key.status of calls a C++ exception left */
+#define EACGM_PY_FRAMES 64   /* Python frames one py_stack_event holds (the walk's most) */
+#define EACGM_PY_NONE 65535  /* py_layout: an offset the interpreter does not have */
 
 enum eacgm_event_type {
 	EACGM_EVENT_CALL = 1,      /* struct call_event */
@@ -29,6 +31,7 @@ enum eacgm_event_type {
 	EACGM_EVENT_THREAD_EXIT = 4, /* struct thread_exit_event */
 	EACGM_EVENT_PY_CALL = 5,   /* struct py_call_event */
 	EACGM_EVENT_EXEC = 6,      /* struct exec_event */
+	EACGM_EVENT_PY_STACK = 7,  /* struct py_stack_event */
 };
 
 
@@ -74,6 +77,58 @@ struct py_call_event {
 	struct call_event call;
 	char func[EACGM_FUNC_BYTES];
 	char file[EACGM_PATH_BYTES];
+};
+
+/* One Python frame as the walk found it: its code object and where in it the frame is. */
+struct py_frame {
+	__u64 code;         /* PyCodeObject address; 0: a frame the interpreter owns (C-stack shim), skipped */
+	__u32 instr;        /* byte offset of the current instruction in the code's bytecode */
+	__s32 firstlineno;  /* co_firstlineno read at the walk: the agent re-reads it to tell a reused address */
+};
+
+/* The Python frames above an outermost traced call (innermost first), sent just before the
+ * call's own record. */
+struct py_stack_event {
+	__u8 type;
+	__u8 status;        /* enum eacgm_py_walk */
+	__u16 count;        /* frames[0..count) are filled */
+	__u32 pid;
+	__u32 tid;
+	__u32 pad0;
+	__u64 call_id;      /* the traced call these frames made */
+	struct py_frame frames[EACGM_PY_FRAMES];
+};
+
+enum eacgm_py_walk {
+	EACGM_PY_WALK_DONE = 0,     /* the outermost frame was reached */
+	EACGM_PY_WALK_DEEP = 1,     /* max_frames reached: outer frames are missing */
+	EACGM_PY_WALK_FAULT = 2,    /* a frame could not be read (torn, or paged out) */
+	EACGM_PY_WALK_NO_THREAD = 3,/* the thread has no Python thread state */
+};
+
+/* Where one traced process keeps its interpreter's state (py_layouts, by tgid), written by the
+ * agent from its own table (3.10-3.12) or from the interpreter's _Py_DebugOffsets (3.13+). */
+struct py_layout {
+	__u64 runtime;      /* address of _PyRuntime in the process */
+	__u16 interp_head;  /* _PyRuntime -> interpreters.head */
+	__u16 threads_head; /* PyInterpreterState -> first PyThreadState */
+	__u16 ts_next;
+	__u16 ts_id;        /* native_thread_id (match_fs 0) or thread_id, i.e. pthread_self (match_fs 1) */
+	__u16 ts_frame;     /* PyThreadState -> current frame, or -> cframe (cframe_frame set) */
+	__u16 cframe_frame; /* _PyCFrame -> current_frame; EACGM_PY_NONE: ts_frame is the frame */
+	__u16 fr_back;
+	__u16 fr_code;
+	__u16 fr_instr;     /* instruction pointer, or int index f_lasti (lasti set) */
+	__u16 fr_owner;     /* EACGM_PY_NONE: frames have no owner byte */
+	__u16 fr_size;      /* bytes read per frame, at most 128 */
+	__u16 co_firstlineno;
+	__u16 co_code;      /* co_code_adaptive: instruction pointers count from there */
+	__u8 match_fs;
+	__u8 lasti;
+	__u8 tagged;        /* f_executable is a tagged _PyStackRef (3.14): clear the low bits */
+	__u8 pad0[3];
+	__u32 max_frames;   /* at most EACGM_PY_FRAMES */
+	__u32 task_fsbase;  /* match_fs: offsetof(struct task_struct, thread.fsbase), from the kernel's BTF */
 };
 
 struct lib_open_event {

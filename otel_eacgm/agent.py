@@ -26,6 +26,7 @@ from otel_eacgm.export import SpanQueue
 from otel_eacgm.launcher import Launcher
 from otel_eacgm.metrics.host import HostMetrics
 from otel_eacgm.pause_cycle import PauseCycle
+from otel_eacgm.pyframes.frame_spans import FrameSpans
 from otel_eacgm.probe_links import ProbeLinks
 from otel_eacgm.shaping import TraceShaper
 from otel_eacgm.telemetry import AgentTelemetry
@@ -85,6 +86,8 @@ class Agent:
     stats_log_interval_s: float
     export_timeout_s: float
     pause: PauseCycle | None = None
+    frames: FrameSpans | None = None
+    frames_idle_s: float = 10.0
     _stop: bool = False
 
     def stop(self, *_args: object) -> None:
@@ -94,6 +97,9 @@ class Agent:
     def tasks(self) -> list[Task]:
         """The loop's periodic tasks, in the order they run after each poll."""
         tasks: list[Task] = [self.shaper.tick]
+        if self.frames is not None:
+            frames, idle_ns = self.frames, int(self.frames_idle_s * 1e9)
+            tasks.insert(0, every(1.0, lambda _now: frames.tick(time.monotonic_ns(), idle_ns)))
         if self.pause is not None:
             tasks.append(self.pause.tick)
         if self.call_stats is not None:
@@ -141,6 +147,9 @@ class Agent:
         for _ in range(3):
             while self.program.poll(50) >= POLL_BATCH:
                 pass
+        if self.frames is not None:
+            self.frames.flush()
+            log.info("python frames: %s", self.frames.counters)
         self.shaper.flush()
         if self.call_stats is not None:
             self.call_stats.read(time.monotonic())

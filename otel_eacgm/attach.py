@@ -16,6 +16,7 @@ from otel_eacgm.probes import python_usdt, torch_ops
 from otel_eacgm.probes.catalog import TORCH_SLOTS, Family, ProbeSpec, torch_spec
 from otel_eacgm.probes.elf import ElfError
 from otel_eacgm.probes.libraries import MappedLibrary
+from otel_eacgm.pyframes.processes import FrameWalkers
 from otel_eacgm.short_lived import ShortLivedProcesses
 
 log = logging.getLogger(__name__)
@@ -36,11 +37,13 @@ class Attacher:
     `specs` is the agent's slot -> ProbeSpec table; discovered operators are added to it.
     `python_pid_scoped`: attach Python probes per traced process (a system-wide Python probe
     would make every Python process on the host pay a probe hit per function call).
+    `frames`: walk the Python frames of processes whose interpreter it can read; the USDT
+    probes then stay off that interpreter (the walk names the same functions, without them).
     """
 
     def __init__(self, program: CallProgram, links: ProbeLinks, rows: Iterable[tuple[int, ProbeSpec]], *,
                  specs: MutableMapping[int, ProbeSpec] | None = None, torch: TorchSelection | None = None,
-                 python: bool = False, python_pid_scoped: bool = True) -> None:
+                 python: bool = False, python_pid_scoped: bool = True, frames: FrameWalkers | None = None) -> None:
         self._program = program
         self._links = links
         self._rows = list(rows)
@@ -53,6 +56,7 @@ class Attacher:
         self._torch_slots: dict[str, int] = {}
         self._python = python
         self._python_pid_scoped = python_pid_scoped
+        self.frames = frames
         self._python_files: dict[tuple[tuple[int, int], int], str] = {}
         self._python_regs: tuple[int, int, int] | None = None
         self.python_without_usdt: dict[str, str] = {}  # interpreter path -> why it has no function probes
@@ -67,6 +71,8 @@ class Attacher:
     def ensure(self, lib: MappedLibrary, pid: int = -1) -> int:
         """Attach to `lib` (mapped by `pid`) unless it already has probes; returns probes added."""
         if lib.family is Family.PYTHON:
+            if self.frames is not None and (self.frames.register(lib, pid) or self.frames.knows(lib)):
+                return 0
             return self._ensure_python(lib, pid) if self._python else 0
         if lib.family is Family.TORCH and self._torch is None:
             return 0

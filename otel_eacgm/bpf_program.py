@@ -21,7 +21,7 @@ from typing import Any
 
 from otel_eacgm import uprobe_multi
 from otel_eacgm.bpf import SOURCE_DIR
-from otel_eacgm.events import MAX_ARGS, MAX_DEPTH, PY_RULES, CallEvent, PyRule, Stat
+from otel_eacgm.events import MAX_ARGS, MAX_DEPTH, PY_RULES, CallEvent, PyLayout, PyRule, Stat
 from otel_eacgm.probes.catalog import MAX_SLOTS, Layer, ProbeSpec
 
 log = logging.getLogger(__name__)
@@ -248,6 +248,20 @@ class CallProgram:
         for i, off in enumerate(usdt_regs):
             leaf.usdt_reg[i] = off
         table[ctypes.c_int(0)] = leaf
+
+    def set_python_layout(self, pid: int, layout: PyLayout) -> None:
+        """Walk the Python frames of `pid`'s outermost traced calls with this interpreter layout."""
+        table = self._bpf["py_layouts"]
+        leaf = table.Leaf()
+        ctypes.memmove(ctypes.addressof(leaf), ctypes.addressof(layout), ctypes.sizeof(PyLayout))
+        table[ctypes.c_uint32(pid)] = leaf
+
+    def forget_python_layout(self, pid: int) -> None:
+        """Stop walking `pid`'s frames (it exited or executed another program)."""
+        try:
+            del self._bpf["py_layouts"][ctypes.c_uint32(pid)]
+        except KeyError:
+            pass
 
     def set_sampling(self, sampling: Sampling) -> None:
         """Which calls the kernel sends as spans, and whether it keeps call statistics."""

@@ -92,6 +92,11 @@ class AgentConfig(Settings):
     """Python functions not traced (default: stdlib, site-packages, frozen code, module bodies)."""
     python_default_include: bool = True
     """Trace Python functions no pattern matches (the user's own code)."""
+    python_frames: bool = True
+    """Read the Python frames above each outermost traced call (any CPython 3.10-3.14, no USDT
+    needed) and show them as spans over the calls they made; the include/exclude rules apply."""
+    python_frame_depth: int = 64
+    """Python frames read per traced call, innermost first (at most 64)."""
 
     # trace shaping and sampling
     trace_max_spans: int = 1000
@@ -181,6 +186,8 @@ class AgentConfig(Settings):
             python_usdt.compile_rules(self.python_include, self.python_exclude)
         except ValueError as exc:
             raise ConfigError(f"python_include/python_exclude: {exc}") from None
+        if not 1 <= self.python_frame_depth <= 64:
+            raise ConfigError(f"python_frame_depth {self.python_frame_depth} must be in [1, 64]")
         if self.trace_max_spans < 1:
             raise ConfigError(f"trace_max_spans {self.trace_max_spans} must be >= 1")
         if self.trace_max_delay_s <= 0 or self.trace_slice_s < 0:

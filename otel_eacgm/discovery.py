@@ -21,6 +21,7 @@ from otel_eacgm.attach import Attacher
 from otel_eacgm.bpf_program import CallProgram
 from otel_eacgm.events import ExecEvent, LibOpenEvent
 from otel_eacgm.kernel_names import KernelNames
+from otel_eacgm.probes.catalog import Family
 from otel_eacgm.probes.libraries import all_pids, cgroup_pids, family_of, libraries_of, resolve
 from otel_eacgm.process_symbols import ProcessSymbols
 from otel_eacgm.resources import process_resource
@@ -119,6 +120,12 @@ class Discovery:
             lib = resolve(pid, os.path.normpath(path), family)
             if lib is not None:
                 self.attacher.ensure(lib, pid)
+        if self.attacher.frames is not None:
+            # The interpreter was mapped at start, before this library: its frames are read from
+            # the first call the new library's probes see (libpython's own open came before its mmap).
+            for mapped in libraries_of(pid):
+                if mapped.family is Family.PYTHON:
+                    self.attacher.ensure(mapped, pid)
         if rec.gated:
             try:
                 os.kill(pid, signal.SIGCONT)
@@ -136,6 +143,10 @@ class Discovery:
         self.symbols.forget(rec.pid)
         if known:
             self.resource_for(rec.pid)
+        if self.attacher.frames is not None:
+            self.attacher.frames.forget(rec.pid)
+            if known:  # an interpreter executable is mapped already: its frames from the first call
+                self.scan({rec.pid})
 
     def _candidates(self) -> set[int]:
         if not self.filtering:
@@ -148,6 +159,8 @@ class Discovery:
     def _prune(self, now: float) -> None:
         for pid in [p for p in self._resources if not os.path.exists(f"/proc/{p}")]:
             del self._resources[pid]
+            if self.attacher.frames is not None:
+                self.attacher.frames.forget(pid)
             self._kernel_names.forget(pid)
             self.symbols.forget(pid)
             if self._on_gone is not None:

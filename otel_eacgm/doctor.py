@@ -146,6 +146,28 @@ def _python_has_usdt(exe: str) -> bool:
     return has_probes(exe)
 
 
+def _frames_note(path: str) -> tuple[bool, str] | None:
+    """Whether the Python frame walk reads the interpreter file `path`; None: no interpreter there."""
+    from otel_eacgm.pyframes.layouts import UnknownInterpreter, frame_support  # noqa: PLC0415
+
+    try:
+        note = frame_support(path)
+    except UnknownInterpreter as exc:
+        return False, str(exc)
+    return None if note is None else (True, note)
+
+
+def check_python_frames() -> Check:
+    """Whether the agent's own interpreter (usually the traced programs' too) has its frames read."""
+    exe = os.path.realpath(sys.executable)
+    candidates = [exe, *(str(p) for p in Path(exe).parent.parent.glob("lib/libpython3*.so.1.0"))]
+    found = next((n for n in map(_frames_note, candidates) if n is not None), None)
+    ok, detail = found if found is not None else (False, "no CPython runtime (_PyRuntime) in it or its libpython")
+    return Check("python frames", ok, f"{exe}: {detail}",
+                 "Python spans come from frames of CPython 3.10-3.14 (3.13+ through _Py_DebugOffsets); other "
+                 "interpreters get none, the other layers are traced", required=False)
+
+
 def check_python() -> Check:
     """The agent's own interpreter, usually the one the traced programs use too."""
     from otel_eacgm.probes.python_usdt import FIRES, interpreter_note
@@ -162,6 +184,7 @@ def check_libraries() -> list[Check]:
     families: Counter[str] = Counter()
     torch = pythons = 0
     usdt: dict[str, bool] = {}
+    frames: dict[str, tuple[bool, str] | None] = {}
     for pid in all_pids():
         try:
             maps = Path(f"/proc/{pid}/maps").read_text()
@@ -174,6 +197,8 @@ def check_libraries() -> list[Check]:
             fam = family_of(path) if path.startswith("/") else None
             if fam:
                 seen.add(fam.value)
+                if fam.value == "python" and path not in frames:
+                    frames[path] = _frames_note(path)
             if "libtorch_cpu" in path:
                 seen.add("torch")
         families.update(seen - {"torch"})
@@ -184,6 +209,12 @@ def check_libraries() -> list[Check]:
     lines = [Check("mapped libraries", True,
                    ", ".join(f"{k}: {families.get(k, 0)} processes" for k in ("cudart", "cuda", "nccl"))
                    + f", torch: {torch} processes", required=False)]
+    known = {path: note for path, note in frames.items() if note is not None}
+    if known:
+        lines.append(Check("python frames of processes", all(ok for ok, _ in known.values()),
+                           "; ".join(f"{path}: {note}" for path, (_, note) in sorted(known.items())),
+                           "processes of these interpreters get no Python spans; their other layers are traced",
+                           required=False))
     if usdt:
         detail = "; ".join(f"{exe}: {'USDT function probes' if has else 'no USDT function probes'}"
                            for exe, has in sorted(usdt.items()))
@@ -209,6 +240,7 @@ def run_checks() -> list[Check]:
         checks.append(check_uprobe())
         checks.append(check_probe_links())
     checks.append(check_nvml())
+    checks.append(_safe(check_python_frames))
     checks.append(_safe(check_python))
     checks.extend(check_libraries())
     return checks

@@ -23,6 +23,8 @@ DUR_SHIFT = 9
 BW_BUCKETS = 32
 BW_SHIFT = 19
 STATUS_UNWOUND = -2**31
+PY_FRAMES = 64
+PY_NONE = 65535
 
 
 class EventType(enum.IntEnum):
@@ -34,6 +36,16 @@ class EventType(enum.IntEnum):
     THREAD_EXIT = 4
     PY_CALL = 5
     EXEC = 6
+    PY_STACK = 7
+
+
+class PyWalk(enum.IntEnum):
+    """How a Python frame walk ended (`py_stack_event.status`, enum eacgm_py_walk)."""
+
+    DONE = 0
+    DEEP = 1
+    FAULT = 2
+    NO_THREAD = 3
 
 
 class CallFlags(enum.IntFlag):
@@ -152,6 +164,58 @@ class ProbeConf(ctypes.Structure):
     ]
 
 
+class PyFrame(ctypes.Structure):
+    """One walked Python frame: struct py_frame (code 0: a frame the interpreter owns)."""
+
+    _fields_ = [
+        ("code", ctypes.c_uint64),
+        ("instr", ctypes.c_uint32),
+        ("firstlineno", ctypes.c_int32),
+    ]
+
+
+class PyStackEvent(ctypes.Structure):
+    """The Python frames above an outermost traced call, innermost first: struct py_stack_event."""
+
+    _fields_ = [
+        ("type", ctypes.c_uint8),
+        ("status", ctypes.c_uint8),
+        ("count", ctypes.c_uint16),
+        ("pid", ctypes.c_uint32),
+        ("tid", ctypes.c_uint32),
+        ("pad0", ctypes.c_uint32),
+        ("call_id", ctypes.c_uint64),
+        ("frames", PyFrame * PY_FRAMES),
+    ]
+
+
+class PyLayout(ctypes.Structure):
+    """Where one process keeps its interpreter's state: struct py_layout (BPF `py_layouts`)."""
+
+    _fields_ = [
+        ("runtime", ctypes.c_uint64),
+        ("interp_head", ctypes.c_uint16),
+        ("threads_head", ctypes.c_uint16),
+        ("ts_next", ctypes.c_uint16),
+        ("ts_id", ctypes.c_uint16),
+        ("ts_frame", ctypes.c_uint16),
+        ("cframe_frame", ctypes.c_uint16),
+        ("fr_back", ctypes.c_uint16),
+        ("fr_code", ctypes.c_uint16),
+        ("fr_instr", ctypes.c_uint16),
+        ("fr_owner", ctypes.c_uint16),
+        ("fr_size", ctypes.c_uint16),
+        ("co_firstlineno", ctypes.c_uint16),
+        ("co_code", ctypes.c_uint16),
+        ("match_fs", ctypes.c_uint8),
+        ("lasti", ctypes.c_uint8),
+        ("tagged", ctypes.c_uint8),
+        ("pad0", ctypes.c_uint8 * 3),
+        ("max_frames", ctypes.c_uint32),
+        ("task_fsbase", ctypes.c_uint32),
+    ]
+
+
 class PyRule(ctypes.Structure):
     """One Python filter rule in the BPF `py_rules` array: struct py_rule."""
 
@@ -173,6 +237,7 @@ EVENT_STRUCTS: dict[EventType, type[ctypes.Structure]] = {
     EventType.THREAD_EXIT: ThreadExitEvent,
     EventType.PY_CALL: PyCallEvent,
     EventType.EXEC: ExecEvent,
+    EventType.PY_STACK: PyStackEvent,
 }
 
 

@@ -17,10 +17,11 @@ from opentelemetry.sdk.trace import ReadableSpan
 
 from otel_eacgm.bpf_program import CallProgram
 from otel_eacgm.discovery import Discovery
-from otel_eacgm.events import (CallEvent, CallFlags, CallStrEvent, EventType, ExecEvent, LibOpenEvent, PyCallEvent,
-                               ThreadExitEvent, decode)
+from otel_eacgm.events import (PY_PROBE_ID, CallEvent, CallFlags, CallStrEvent, EventType, ExecEvent, LibOpenEvent,
+                               PyCallEvent, PyStackEvent, ThreadExitEvent, decode)
 from otel_eacgm.metrics.call_stats import CallStatistics
 from otel_eacgm.probes.catalog import ProbeSpec
+from otel_eacgm.pyframes.frame_spans import FrameSpans
 from otel_eacgm.shaping import TraceShaper
 from otel_eacgm.spans import SpanBuilder
 from otel_eacgm.telemetry import Counters
@@ -32,7 +33,8 @@ class RecordPipeline:
     """Consumes ring-buffer records (the program's ring callback) in the agent's process."""
 
     def __init__(self, *, program: CallProgram, builder: SpanBuilder, shaper: TraceShaper, discovery: Discovery,
-                 call_stats: CallStatistics | None, rows: dict[int, ProbeSpec], counters: Counters) -> None:
+                 call_stats: CallStatistics | None, rows: dict[int, ProbeSpec], counters: Counters,
+                 frames: FrameSpans | None = None) -> None:
         self._program = program
         self._builder = builder
         self._shaper = shaper
@@ -40,6 +42,7 @@ class RecordPipeline:
         self._call_stats = call_stats
         self._rows = rows
         self._counters = counters
+        self._frames = frames
         self._handlers: dict[EventType, Callable[[Any], None]] = {
             EventType.CALL: self._on_call,
             EventType.CALL_STR: self._on_call_with_string,
@@ -47,6 +50,7 @@ class RecordPipeline:
             EventType.THREAD_EXIT: self._on_thread_exit,
             EventType.LIB_OPEN: self._on_library_open,
             EventType.EXEC: self._on_exec,
+            EventType.PY_STACK: self._on_python_stack,
         }
 
     def on_record(self, data: int, size: int) -> None:
@@ -59,7 +63,14 @@ class RecordPipeline:
             log.exception("dropping an undecodable ring-buffer record (%d bytes)", size)
 
     def _on_call(self, ev: CallEvent, string: bytes | None = None) -> None:
-        self._emit(ev, self._builder.build(ev, string), python=False)
+        line = None
+        if self._frames is not None and not ev.parent_id and ev.probe_id != PY_PROBE_ID:
+            ev.parent_id, line = self._frames.parent_of(ev)
+        self._emit(ev, self._builder.build(ev, string, python_line=line), python=False)
+
+    def _on_python_stack(self, rec: PyStackEvent) -> None:
+        if self._frames is not None:
+            self._frames.on_stack(rec)
 
     def _on_call_with_string(self, rec: CallStrEvent) -> None:
         self._on_call(rec.call, rec.str)

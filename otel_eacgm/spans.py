@@ -104,9 +104,10 @@ class SpanBuilder:
         self.ids = ids or SpanIds()
         self.python_names = PythonNames()
 
-    def build(self, ev: CallEvent, string: bytes | None = None) -> ReadableSpan:
+    def build(self, ev: CallEvent, string: bytes | None = None, python_line: int | None = None) -> ReadableSpan:
         """The span of one call record (a Python call whose names never came too: a frame left
-        by a dead thread). Raises KeyError for a probe id outside the catalog."""
+        by a dead thread); `python_line`: the line of the Python frame that made the call.
+        Raises KeyError for a probe id outside the catalog."""
         if ev.probe_id == PY_PROBE_ID:
             return self.build_python(ev, None, None)
         spec = self._rows[ev.probe_id]
@@ -122,6 +123,8 @@ class SpanBuilder:
             "process.pid": ev.pid,
             "thread.id": ev.tid,
         })
+        if python_line is not None:
+            attrs["eacgm.python.line"] = python_line
         status = _ended_early(ev, attrs, spec.symbol)
         if status is None and ev.flags & CallFlags.RETURNED and spec.returns_status:
             code = _signed32(ev.ret)

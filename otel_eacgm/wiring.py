@@ -36,7 +36,10 @@ from otel_eacgm.perfetto import NullMetricExporter, PerfettoExporter, TeeSpanExp
 from otel_eacgm.pipeline import RecordPipeline
 from otel_eacgm.probe_links import ProbeLinks
 from otel_eacgm.probes.catalog import Layer, ProbeSpec, Role, enabled_rows
-from otel_eacgm.probes.python_usdt import compile_rules
+from otel_eacgm.probes.python_usdt import Rule, compile_rules
+from otel_eacgm.pyframes.code_objects import CodeReader
+from otel_eacgm.pyframes.frame_spans import FrameSpans
+from otel_eacgm.pyframes.processes import FrameWalkers
 from otel_eacgm.resources import agent_resource
 from otel_eacgm.process_symbols import ProcessSymbols
 from otel_eacgm.shaping import TraceShaper
@@ -92,8 +95,10 @@ def build_agent(cfg: AgentConfig, command: Sequence[str] | None = None, *, dump_
     links = ProbeLinks(program)
     torch = TorchSelection(tuple(cfg.torch_include), tuple(cfg.torch_exclude), cfg.torch_max_ops) \
         if Layer.TORCH in layers else None
+    code_reader = CodeReader()
+    walkers = FrameWalkers(program, code_reader, cfg.python_frame_depth) if cfg.python_frames else None
     attacher = Attacher(program, links, rows, specs=specs, torch=torch, python=Layer.PYTHON in layers,
-                        python_pid_scoped=filtering)
+                        python_pid_scoped=filtering, frames=walkers)
 
     # Runtime launches name their kernels by the host stub's symbol; driver launches by name records.
     symbols = ProcessSymbols(eager=Layer(cfg.launch_layer) is Layer.CUDA_RUNTIME)
@@ -121,12 +126,19 @@ def build_agent(cfg: AgentConfig, command: Sequence[str] | None = None, *, dump_
                           on_gone=stats_reader.forget_later if stats_reader is not None else None)
 
     # The record line: builder -> shaper -> queue.
-    builder = SpanBuilder(specs, DecodeContext(kernel_names), EpochClock(), discovery.resource_for)
+    clock = EpochClock()
+    builder = SpanBuilder(specs, DecodeContext(kernel_names), clock, discovery.resource_for)
     diagnosis = ExportDiagnosis(cfg.protocol, cfg.endpoint, cfg.insecure) if cfg.otlp else None
     queue = SpanQueue(_span_exporter(cfg), max_size=cfg.queue_size, batch_size=cfg.batch_size,
                       on_failure=diagnosis.failed if diagnosis is not None else None)
     shaper = TraceShaper(queue.put, builder.ids, max_spans=cfg.trace_max_spans, max_delay_s=cfg.trace_max_delay_s,
                          slice_s=cfg.trace_slice_s, slow_s=cfg.span_slow_s)
+    frames = None
+    if walkers is not None:
+        rules = [Rule.parse(p, True) for p in cfg.python_include] + [Rule.parse(p, False) for p in cfg.python_exclude]
+        frames = walkers.spans = FrameSpans(
+            code_reader, rules, cfg.python_default_include, builder.ids, clock, discovery.resource_for,
+            lambda span, **kw: shaper.add(span, now=time.monotonic(), **kw))
     program.set_sampling(Sampling(
         ratio=cfg.span_sample_ratio, slow_s=cfg.span_slow_s, slice_s=cfg.trace_slice_s,
         resample_s=cfg.trace_max_delay_s, salt=builder.ids.salt, statistics=call_stats is not None,
@@ -151,11 +163,12 @@ def build_agent(cfg: AgentConfig, command: Sequence[str] | None = None, *, dump_
         resource_for_pid=lambda pid: dict(discovery.resource_for(pid).attributes))
 
     pipeline = RecordPipeline(program=program, builder=builder, shaper=shaper, discovery=discovery,
-                              call_stats=call_stats, rows=specs, counters=telemetry.counters)
+                              call_stats=call_stats, rows=specs, counters=telemetry.counters, frames=frames)
     program.open_ring(pipeline.on_record)
     return Agent(program=program, links=links, discovery=discovery, shaper=shaper, queue=queue, meters=meters,
                  host_metrics=host_metrics, telemetry=telemetry, call_stats=stats_reader,
                  launcher=Launcher(command, log_arguments=cfg.resource_command_line) if command else None, pids=list(cfg.pids),
                  ready_line=f"layers {','.join(cfg.layers)}, launches at {cfg.launch_layer}; {_targets(cfg, command)}",
                  scan_interval_s=cfg.scan_interval_s, stats_log_interval_s=cfg.stats_log_interval_s,
-                 export_timeout_s=cfg.export_timeout_s, pause=pause)
+                 export_timeout_s=cfg.export_timeout_s, pause=pause, frames=frames,
+                 frames_idle_s=cfg.trace_max_delay_s)

@@ -22,8 +22,11 @@ REQUIRE_EBPF = os.environ.get("OTEL_EACGM_REQUIRE_EBPF") == "1"
 
 
 def pytest_configure(config: pytest.Config) -> None:  # noqa: ARG001
-    """Agents started by tests export every span (the default samples), unless a test says otherwise."""
+    """Agents started by tests export every span (the default samples), unless a test says otherwise.
+    Python frame spans are off unless a test turns them on (tests/ebpf/test_python_frames.py):
+    the other tests assert call trees as the call layers alone make them."""
     os.environ.setdefault("OTEL_EACGM_SPAN_SAMPLE_RATIO", "1")
+    os.environ.setdefault("OTEL_EACGM_PYTHON_FRAMES", "0")
 
 
 def _ebpf_problem() -> str | None:

@@ -42,7 +42,8 @@ def test_a_launched_command_is_traced_whole_and_its_exit_status_returned(pipelin
 
     plan = [["cudaMalloc", 2], ["cudaLaunchKernel", 5], ["ncclAllReduce", 3]]
     cfg = AgentConfig(endpoint=pipeline.grpc_endpoint, insecure=True, layers=["cuda.runtime", "nccl"],
-                      launch_layer="cuda.runtime", span_sample_ratio=1.0, stats_log_interval_s=0.5)
+                      launch_layer="cuda.runtime", span_sample_ratio=1.0, stats_log_interval_s=0.5,
+                      python_frames=False)
     script = "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__'); sys.exit(3)"
     agent = build_agent(cfg, [sys.executable, "-c", script, WORKLOAD, json.dumps(plan)])
     assert len(agent.tasks()) == 5  # shaper, call statistics, rescans, full scan, stats log

@@ -26,6 +26,9 @@ STRUCTS = {
     "probe_conf": events.ProbeConf,
     "py_call_event": events.PyCallEvent,
     "py_rule": events.PyRule,
+    "py_frame": events.PyFrame,
+    "py_stack_event": events.PyStackEvent,
+    "py_layout": events.PyLayout,
 }
 
 
@@ -65,10 +68,13 @@ def test_constants_match_header() -> None:
                         ("EACGM_STR_BYTES", events.STR_BYTES), ("EACGM_PATH_BYTES", events.PATH_BYTES),
                         ("EACGM_MAX_DEPTH", events.MAX_DEPTH), ("EACGM_FUNC_BYTES", events.FUNC_BYTES),
                         ("EACGM_PY_RULES", events.PY_RULES), ("EACGM_PY_NAMES", events.PY_NAMES),
-                        ("EACGM_PY_PROBE_ID", events.PY_PROBE_ID)]:
+                        ("EACGM_PY_PROBE_ID", events.PY_PROBE_ID), ("EACGM_PY_FRAMES", events.PY_FRAMES),
+                        ("EACGM_PY_NONE", events.PY_NONE)]:
         assert f"#define {name} {value}" in text
     for member in events.EventType:
         assert f"EACGM_EVENT_{member.name} = {member.value}" in text
+    for walk in events.PyWalk:
+        assert f"EACGM_PY_WALK_{walk.name} = {walk.value}" in text
 
 
 def _enum(prefix: str) -> dict[str, int]:

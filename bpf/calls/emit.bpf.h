@@ -1,5 +1,6 @@
 /* A completed call out to the agent: one call_event, or a call_str_event when the catalog row
- * names a string argument (kernel or function name), on the `events` ring buffer. */
+ * names a string argument (kernel or function name), on the `events` ring buffer. An
+ * outermost call of a Python process is preceded by its Python frames (pystack.bpf.h). */
 #ifndef EACGM_CALLS_EMIT_BPF_H
 #define EACGM_CALLS_EMIT_BPF_H
 
@@ -22,6 +23,8 @@ static __always_inline void fill_event(struct call_event *ev, struct frame *f, _
 static __always_inline void emit(struct frame *f, __u32 tgid, __u32 tid, __u32 depth, __u8 flags,
 				 __u64 exit_ns, __s64 ret, __u64 out_value, int str_arg)
 {
+	if (depth == 0 && f->probe_id != EACGM_PY_PROBE_ID)
+		send_py_stack(tgid, tid, f->call_id);
 	if (str_arg >= 0 && str_arg < EACGM_MAX_ARGS) {
 		struct call_str_event *sev = events_reserve(sizeof(struct call_str_event));
 		if (!sev) {

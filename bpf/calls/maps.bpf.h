@@ -41,6 +41,13 @@ BPF_ARRAY(py_rules, struct py_rule, EACGM_PY_RULES);
 BPF_HASH(py_names, __u32, __u64, EACGM_PY_NAMES);
 BPF_PERCPU_ARRAY(py_scratch, struct py_scratch, 1);
 
+/* Python frame walking (pystack.bpf.h): each traced Python process' layout, written by the
+ * agent; each thread's PyThreadState once found (checked against the thread at every use);
+ * per-CPU room for the frame being read. */
+BPF_HASH(py_layouts, __u32, struct py_layout, 4096);
+BPF_TABLE("lru_hash", __u32, __u64, py_tstates, 16384);
+BPF_PERCPU_ARRAY(py_frame_buf, struct py_frame_buf, 1);
+
 /* Library opens: the file name from openat's entry to its exit, per thread; per-CPU room to
  * read it into. */
 BPF_HASH(opening, __u32, struct open_path, 1024);

@@ -64,6 +64,12 @@ struct py_scratch {
 	char file[EACGM_PATH_BYTES];
 };
 
+/* One Python frame's first bytes, read at once (pystack.bpf.h); fields are picked at the
+ * layout's offsets, which are masked to stay inside. */
+struct py_frame_buf {
+	__u8 b[128];
+};
+
 /* A file name passed to openat, kept from the syscall's entry to its exit. */
 struct open_path {
 	char path[EACGM_PATH_BYTES];

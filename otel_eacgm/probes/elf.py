@@ -136,6 +136,22 @@ class ElfFile:
         order = np.argsort(value, kind="stable")
         return value[order], size[order], name[order]
 
+    def symbol(self, name: str) -> int | None:
+        """The value of the defined symbol `name` (any type) in .dynsym or .symtab, None if absent."""
+        want = name.encode() + b"\0"
+        for sec in self.sections:
+            if sec.type not in (_SHT_SYMTAB, _SHT_DYNSYM):
+                continue
+            strtab = self.sections[sec.link]
+            syms = np.frombuffer(self._map, _SYM_DTYPE, count=sec.size // _SYM.size, offset=sec.offset)
+            defined = syms[(syms["shndx"] != 0) & (syms["value"] != 0)]
+            del syms  # a view into the mapping: close() would fail while it lives
+            for st_name, value in zip(defined["name"].tolist(), defined["value"].tolist()):
+                start = strtab.offset + st_name
+                if self._map[start:start + len(want)] == want:
+                    return value
+        return None
+
     def cstr(self, offset: int) -> str:
         """The NUL-terminated string at a file offset (a symbol's name)."""
         return self._cstr(offset)

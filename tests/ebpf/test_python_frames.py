@@ -1,0 +1,230 @@
+"""Python spans from the interpreter's own frames, on every CPython here, through real uprobes
+on libcudart and the real Collector: no USDT, no profile function, nothing in the program.
+
+Each interpreter (pyenv's 3.10, 3.11, 3.12, 3.13 and Debian's 3.11) runs the same small
+training loop; the exact tree must come out on each: Trainer.run > step (one per step) >
+forward > cudaSetDevice, cudaMemset, and step > cudaDeviceSynchronize. 3.13 reads its layout
+from its own _Py_DebugOffsets, the path 3.14 takes.
+"""
+
+from __future__ import annotations
+
+import ast
+import collections
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent_run import REPO, agent_cmd, summary
+
+pytestmark = pytest.mark.ebpf
+
+WORKLOAD = str(REPO / "tests/workloads/python_frames.py")
+STEPS = 3
+PYENV = Path("/root/.pyenv/versions")
+INTERPRETERS = {
+    "3.10": PYENV / "3.10.13/bin/python3.10",
+    "3.11": PYENV / "3.11.7/bin/python3.11",
+    "3.11-debian": Path("/usr/bin/python3.11"),
+    "3.12": PYENV / "3.12.1/bin/python3.12",
+    "3.13": PYENV / "3.13.0/bin/python3.13",
+}
+
+
+def libcudart() -> str:
+    import nvidia.cu13  # noqa: PLC0415 - the test venv's wheel, loaded by path by every interpreter
+
+    return str(Path(list(nvidia.cu13.__path__)[0]) / "lib" / "libcudart.so.13")
+
+
+def source_lines() -> dict[str, int]:
+    """Lines of the workload: `def NAME` and the `# LINE tag` call sites."""
+    text = Path(WORKLOAD).read_text()
+    out = {f"def {n.name}": n.lineno for n in ast.walk(ast.parse(text)) if isinstance(n, ast.FunctionDef)}
+    for number, line in enumerate(text.splitlines(), 1):
+        if "# LINE " in line:
+            out[line.split("# LINE ", 1)[1].strip()] = number
+    return out
+
+
+def traced(pipeline, python: Path, *extra: str, env: dict | None = None, frames: bool = True):  # noqa: ANN001, ANN201
+    """Run the workload on `python` under the agent; (agent run, workload lines, its spans)."""
+    cmd = agent_cmd(pipeline.grpc_endpoint, "--layers", "cuda.runtime", *extra, "--", str(python), WORKLOAD,
+                    libcudart(), str(STEPS))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240,
+                          env=dict(os.environ, OTEL_EACGM_GPU_METRICS="0", OTEL_EACGM_SPAN_SAMPLE_RATIO="1",
+                                   OTEL_EACGM_PYTHON_FRAMES="1" if frames else "0", **(env or {})))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    pid = next(line["pid"] for line in lines if "pid" in line)
+    exported = summary(proc.stderr)["exported"]
+
+    def mine() -> list[dict]:
+        return [s for s in pipeline.store.spans() if s["attributes"].get("process.pid") == pid]
+
+    assert pipeline.store.wait_for(lambda: len(mine()) >= exported, 30), (len(mine()), exported)
+    return proc, lines, mine()
+
+
+def children(spans: list[dict]) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = collections.defaultdict(list)
+    for s in sorted(spans, key=lambda s: s["start"]):
+        out[s["parent_span_id"]].append(s)
+    return out
+
+
+@pytest.mark.parametrize("version", list(INTERPRETERS))
+def test_frames_make_the_span_tree_on_every_interpreter(pipeline, version: str) -> None:  # noqa: ANN001
+    python = INTERPRETERS[version]
+    if not python.exists():
+        pytest.skip(f"{python} is not installed")
+    proc, lines, spans = traced(pipeline, python)
+    minor = version.split("-")[0]
+    assert next(line["version"] for line in lines if "version" in line) == [3, int(minor.split(".")[1])]
+    source = "debug offsets" if minor == "3.13" else "table"
+    assert f"Python {minor} frames are read" in proc.stderr and f"layout from {source}" in proc.stderr
+    where = source_lines()
+    kids = children(spans)
+    py = [s for s in spans if s["attributes"]["eacgm.layer"] == "python"]
+    assert collections.Counter(s["name"] for s in py) == {"Trainer.run": 1, "step": STEPS, "forward": STEPS}, \
+        proc.stderr[-3000:]
+    (run,) = [s for s in py if s["name"] == "Trainer.run"]
+    assert run["parent_span_id"] == ""
+    steps = kids[run["span_id"]]
+    assert [s["name"] for s in steps] == ["step"] * STEPS
+    brackets = [(line["start"], line["end"]) for line in lines if "step" in line]
+    for step, (t0, t1) in zip(steps, brackets):
+        assert [c["name"] for c in kids[step["span_id"]]] == ["forward", "cudaDeviceSynchronize"]
+        (forward,) = [c for c in kids[step["span_id"]] if c["name"] == "forward"]
+        calls = kids[forward["span_id"]]
+        assert [c["name"] for c in calls] == ["cudaSetDevice", "cudaMemset"]
+        assert [c["attributes"]["eacgm.python.line"] for c in calls] == [where["forward.set"], where["forward.memset"]]
+        sync = kids[step["span_id"]][1]
+        assert sync["attributes"]["eacgm.python.line"] == where["step.sync"]
+        # a frame's span runs from its first traced call to its last, inside the step's wall clock
+        assert forward["start"] == calls[0]["start"] and forward["end"] == calls[-1]["end"]
+        assert step["start"] == forward["start"] and step["end"] == sync["end"]
+        assert t0 - 2_000_000 <= step["start"] <= step["end"] <= t1 + 2_000_000
+    for s in py:
+        a = s["attributes"]
+        assert a["code.function.name"] == f"python_frames.{s['name']}"
+        assert a["code.file.path"] == WORKLOAD
+        assert a["code.line.number"] == where[f"def {s['name'].split('.')[-1]}"]
+        assert a["eacgm.python.bounds"] == "traced_calls"
+        assert a["thread.id"] == run["attributes"]["thread.id"]
+    assert {s["trace_id"] for s in spans} == {run["trace_id"]}
+
+
+def test_python_exclude_applies_to_walked_frames(pipeline) -> None:  # noqa: ANN001
+    proc, _, spans = traced(pipeline, INTERPRETERS["3.12"], env={"OTEL_EACGM_PYTHON_EXCLUDE": ":forward,:<module>"})
+    kids = children(spans)
+    steps = [s for s in spans if s["name"] == "step"]
+    assert len(steps) == STEPS and not [s for s in spans if s["name"] == "forward"]
+    for step in steps:  # forward's calls belong to the nearest frame left: step
+        assert [c["name"] for c in kids[step["span_id"]]] == ["cudaSetDevice", "cudaMemset", "cudaDeviceSynchronize"]
+
+
+def test_frames_off_leaves_calls_outermost(pipeline) -> None:  # noqa: ANN001
+    _, _, spans = traced(pipeline, INTERPRETERS["3.12"], frames=False)
+    assert {s["attributes"]["eacgm.layer"] for s in spans} == {"cuda.runtime"}
+    assert all(s["parent_span_id"] == "" for s in spans) and len(spans) == 3 * STEPS
+
+
+@pytest.mark.parametrize("version", ["3.10", "3.12", "3.13"])
+def test_churned_code_objects_and_threads_never_get_a_wrong_name(pipeline, version: str) -> None:  # noqa: ANN001
+    python = INTERPRETERS[version]
+    if not python.exists():
+        pytest.skip(f"{python} is not installed")
+    rounds = 10
+    cmd = agent_cmd(pipeline.grpc_endpoint, "--layers", "cuda.runtime", "--", str(python),
+                    str(REPO / "tests/workloads/python_churn.py"), libcudart(), str(rounds))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240,
+                          env=dict(os.environ, OTEL_EACGM_GPU_METRICS="0", OTEL_EACGM_SPAN_SAMPLE_RATIO="1",
+                                   OTEL_EACGM_PYTHON_FRAMES="1"))
+    assert proc.returncode == 0, proc.stderr[-4000:]  # the traced program and the agent both ran through
+    (end,) = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    exported = summary(proc.stderr)["exported"]
+
+    def mine() -> list[dict]:
+        return [s for s in pipeline.store.spans() if s["attributes"].get("process.pid") == end["pid"]]
+
+    assert pipeline.store.wait_for(lambda: len(mine()) >= exported, 30), (len(mine()), exported)
+    spans = mine()
+    calls = [s for s in spans if s["name"] == "cudaSetDevice"]
+    assert len(calls) == end["calls"] == rounds * 100
+    generated = [s for s in spans if s["name"].startswith("gen_")]
+    # most code objects are freed (and their memory reused) before the agent reads them: those
+    # frames go unnamed, and their calls belong to the worker; none may be named wrongly
+    assert generated
+    by_id = {s["span_id"]: s for s in spans}
+    for s in generated:
+        k = int(s["name"].removeprefix("gen_"))
+        a = s["attributes"]
+        assert (a["code.file.path"], a["code.line.number"]) == (f"<churn-{k}>", k + 1), s["name"]
+        assert by_id[s["parent_span_id"]]["name"] == "worker"
+        assert by_id[s["parent_span_id"]]["attributes"]["thread.id"] == a["thread.id"]
+    for call in calls:  # each call is under its gen_K or, unnamed, straight under its thread's worker
+        parent = by_id[call["parent_span_id"]]
+        assert parent["name"] == "worker" or parent["name"].startswith("gen_")
+        assert parent["attributes"]["thread.id"] == call["attributes"]["thread.id"]
+    workers = {s["attributes"]["thread.id"] for s in spans if s["name"] == "worker"}
+    assert len(workers) == 4 * rounds + 1  # four short-lived threads per round, and the main thread
+
+
+def test_torch_training_step_is_a_span_over_its_operators(pipeline) -> None:  # noqa: ANN001
+    """Debian's 3.11 with the CPU torch wheel, no profile function: the USDT path saw nothing
+    here; the frames give main > train_step > loss_of > TinyNet.forward > Linear.forward >
+    aten::linear > aten::addmm, and the backward and optimizer operators under train_step."""
+    workload = str(REPO / "tests/workloads/torch_train.py")
+    cmd = agent_cmd(pipeline.grpc_endpoint, "--layers", "torch", "--", sys.executable, workload, str(STEPS))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240,
+                          env=dict(os.environ, OTEL_EACGM_GPU_METRICS="0", OTEL_EACGM_PYTHON_FRAMES="1"))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    pid = next(line["tid"] for line in lines if "step" in line)
+    exported = summary(proc.stderr)["exported"]
+
+    def mine() -> list[dict]:
+        return [s for s in pipeline.store.spans() if s["attributes"].get("process.pid") == pid]
+
+    assert pipeline.store.wait_for(lambda: len(mine()) >= exported, 30), (len(mine()), exported)
+    spans = mine()
+    kids = children(spans)
+    by_id = {s["span_id"]: s for s in spans}
+    steps = [s for s in spans if s["name"] == "train_step"]
+    assert len(steps) == STEPS
+    assert {by_id[s["parent_span_id"]]["name"] for s in steps} == {"main"}
+    for step in steps:
+        names = collections.Counter(c["name"] for c in kids[step["span_id"]])
+        # backward and the optimizer: mm for the weight gradients, add_ for SGD (their Python
+        # frames are torch's own, in site-packages, excluded by default)
+        assert names["loss_of"] == 1 and names["aten::mm"] == 3 and names["aten::add_"] == 4, names
+        (loss_of,) = [c for c in kids[step["span_id"]] if c["name"] == "loss_of"]
+        (net,) = [c for c in kids[loss_of["span_id"]] if c["name"] == "TinyNet.forward"]
+        assert [c["name"] for c in kids[net["span_id"]]] == ["Linear.forward", "aten::relu", "Linear.forward"]
+        for linear in (c for c in kids[net["span_id"]] if c["name"] == "Linear.forward"):
+            assert linear["attributes"]["code.function.name"] == "torch.nn.modules.linear.Linear.forward"
+            (op,) = kids[linear["span_id"]]
+            assert op["name"] == "aten::linear"
+            assert [c["name"] for c in kids[op["span_id"]]] == ["aten::addmm"]
+    for s in spans:  # children inside parents, on the parent's thread
+        if s["parent_span_id"]:
+            p = by_id[s["parent_span_id"]]
+            assert p["start"] <= s["start"] <= s["end"] <= p["end"], (p["name"], s["name"])
+            assert p["attributes"]["thread.id"] == s["attributes"]["thread.id"]
+
+
+def test_an_unknown_interpreter_is_reported_once_and_its_calls_still_traced(pipeline) -> None:  # noqa: ANN001
+    python = PYENV / "3.9.18/bin/python3.9"
+    if not python.exists():
+        pytest.skip(f"{python} is not installed")
+    proc, _, spans = traced(pipeline, python)
+    reports = [line for line in proc.stderr.splitlines() if "Python frames are not read in processes of" in line]
+    assert len(reports) == 1 and "libpython3.9" in reports[0] and "CPython 3.9" in reports[0], reports
+    assert collections.Counter(s["name"] for s in spans) == {
+        "cudaSetDevice": STEPS, "cudaMemset": STEPS, "cudaDeviceSynchronize": STEPS}
+    assert all(s["parent_span_id"] == "" for s in spans)
