@@ -79,7 +79,9 @@ def test_returns_in_the_cycle_gap_are_counted_apart_from_unmatched_returns(pipel
     wait_for_earlier_releases()
     env = dict(os.environ, OTEL_EACGM_OVERHEAD_BUDGET="0.001", OTEL_EACGM_PROBE_HIT_COST_US="10",
                OTEL_EACGM_GUARDRAIL_PERIOD_S="1", OTEL_EACGM_LOG_LEVEL="info", OTEL_EACGM_GPU_METRICS="0",
-               OTEL_EACGM_SPAN_SAMPLE_RATIO="0")
+               OTEL_EACGM_SPAN_SAMPLE_RATIO="0",
+               # the guardrail's cycling is under test: an operator shed for good is never cycled
+               OTEL_EACGM_TORCH_SHED_SHARE="0")
     cmd = agent_cmd(pipeline.grpc_endpoint, "--layers", "torch", "--", sys.executable, "-c", NESTED_LOOP)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
