@@ -73,25 +73,22 @@ def built(script: str) -> Path:
     return Path(out.stdout.strip())
 
 
-def start_zipkin_and_victorialogs(env: dict[str, str], zipkin_port: int, vl_port: int,
-                                  workdir: Path) -> list[subprocess.Popen]:
+def start_zipkin_and_victorialogs(env: dict[str, str], zipkin_port: int, vl_port: int, workdir: Path,
+                                  procs: list[subprocess.Popen]) -> None:
     """Zipkin (in memory; a JVM, seconds to start) and VictoriaLogs (data under workdir), the
-    collector's trace UI and log store; both listening when this returns."""
+    collector's trace UI and log store, added to `procs` as each starts (so that they are
+    stopped even if the other never listens); both listening when this returns."""
     zlog, vlog = workdir / "zipkin.log", workdir / "victorialogs.log"
     zipkin = subprocess.Popen(["java", "-Xmx512m", "-jar", str(built("fetch-zipkin.sh"))],
                               env=dict(env, QUERY_PORT=str(zipkin_port)), stdout=zlog.open("wb"),
                               stderr=subprocess.STDOUT)
+    procs.append(zipkin)
     vl = subprocess.Popen([str(built("build-victorialogs.sh")), f"-httpListenAddr=127.0.0.1:{vl_port}",
                            f"-storageDataPath={workdir / 'victorialogs-data'}"], env=env, stdout=vlog.open("wb"),
                           stderr=subprocess.STDOUT)
+    procs.append(vl)
     wait_port(vl_port, "VictoriaLogs", vl, vlog)
     wait_port(zipkin_port, "Zipkin", zipkin, zlog, timeout_s=180)
-    return [zipkin, vl]
-# The detector as the demo runs it: short windows and the shortest warm-up the config allows
-# (as tests/fixtures/detector-e2e.yaml), so a run of a few seconds learns the workload and then
-# scores it. The fault starts once the warm-up (16 windows of 0.5 s, ~160 steps) is over.
-DETECTOR = {"window_s": 0.5, "grace_s": 1.0, "warmup_windows": 16, "refit_every": 1000}
-FAULT_STEPS = range(201, 251)
 
 
 def pick_workload(choice: str, steps: int) -> tuple[list[str], str]:
@@ -124,7 +121,7 @@ def detect(store: Store) -> list:
     return results + det.drain()
 
 
-def report_anomalies(results: list, fault_ns: tuple[int, int] | None) -> None:
+def report_anomalies(results: list, fault_ns: tuple[int, int] | None, fault: str) -> None:
     """What the detector found: each flagged window, its score and top features, and whether it
     lies in the injected fault."""
     scored = [r for r in results if r.score is not None]
@@ -139,7 +136,7 @@ def report_anomalies(results: list, fault_ns: tuple[int, int] | None) -> None:
               f"{r.threshold:.1f}; top features: {features}" + ("  <- the injected fault" if inside else ""))
     if fault_ns is not None:
         found = any(r.start_ns < fault_ns[1] and r.end_ns > fault_ns[0] for r in flagged)
-        print(f"injected fault: communication slowdown, steps {FAULT_STEPS.start}-{FAULT_STEPS.stop - 1}: "
+        print(f"injected fault: {fault}: "
               + ("found by the detector" if found else "NOT found by the detector"))
 
 
@@ -224,7 +221,7 @@ def main() -> int:
         procs.append(subprocess.Popen([str(jaeger), "--config", str(REPO / "collector-config/jaeger-local.yaml")],
                                       env=env, stdout=jlog.open("wb"), stderr=subprocess.STDOUT))
         wait_port(args.ui_port, "Jaeger", procs[-1], jlog)
-        procs += start_zipkin_and_victorialogs(env, args.zipkin_port, args.victorialogs_port, workdir)
+        start_zipkin_and_victorialogs(env, args.zipkin_port, args.victorialogs_port, workdir, procs)
         clog = workdir / "collector.log"
         procs.append(subprocess.Popen([str(collector), "--config", str(REPO / "collector-config/demo.yaml")],
                                       env=env, stdout=clog.open("wb"), stderr=subprocess.STDOUT))
@@ -258,7 +255,9 @@ def main() -> int:
         time.sleep(1.5)  # the collector's batch timeout: the last spans are on their way
         report(store, jaeger_ui)
         print(f"logs: {workdir}")
-        report_anomalies(detect(store), (fault[0] - 10**8, fault[-1] + 10**8) if fault else None)
+        injected = "a straggler step every 250 steps" if "examples/train.py" in " ".join(command) else \
+            f"communication slowdown, steps {FAULT_STEPS.start}-{FAULT_STEPS.stop - 1}"
+        report_anomalies(detect(store), (fault[0] - 10**8, fault[-1] + 10**8) if fault else None, injected)
         keep = sys.stdin.isatty() if args.keep is None else args.keep
         if keep:
             print(f"Jaeger: {jaeger_address(jaeger_ui)}")

@@ -67,7 +67,7 @@ class CallStatsReader:
         scale = self._guardrail.observe(entries, self._clock(now)) if self._guardrail is not None else None
         self._call_stats.update(entries, scale)
         if self._shedder is not None:
-            self._shedder.observe(entries, now)
+            self._shedder.observe(entries, self._clock(now), scale)
         if gone:
             self._forget = [(t, pid) for t, pid in self._forget if pid not in gone]
             for pid in gone:

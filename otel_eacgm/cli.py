@@ -125,7 +125,7 @@ def _run_agent(args: argparse.Namespace) -> int:
 
     try:
         agent = build_agent(cfg, command, dump_bpf=args.dump_bpf)
-    except (BpfError, PermissionError, ValueError) as exc:
+    except (BpfError, OSError, ValueError) as exc:  # OSError: a file named in the config (pause_cycle_log)
         print(f"otel-eacgm agent: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # Ctrl-C while BCC compiles: no probe is attached before run()

@@ -27,6 +27,7 @@ __all__ = ["DEFAULT_LAYERS", "LAYER_NAMES", "AgentConfig", "ConfigError", "load"
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 LAYER_NAMES = tuple(layer.value for layer in Layer)
+PAUSE_CYCLE_MIN_S = 0.2  # a pause and a resume of every probe take tens of milliseconds each
 # Python function probes cost a probe hit per Python call of the traced process (filtered in
 # the kernel, but hit): opt-in.
 DEFAULT_LAYERS = tuple(name for name in LAYER_NAMES if name != Layer.PYTHON.value)
@@ -208,8 +209,10 @@ class AgentConfig(Settings):
                               f"{self.guardrail_period_s} must be > 0")
         if not 0.0 < self.guardrail_min_duty <= 1.0:
             raise ConfigError(f"guardrail_min_duty {self.guardrail_min_duty} must be in (0, 1]")
-        if self.pause_cycle_s and self.pause_cycle_s < 0.2 or self.pause_cycle_s < 0:
-            raise ConfigError(f"pause_cycle_s {self.pause_cycle_s} must be 0 (off) or >= 0.2")
+        if self.pause_cycle_s and self.pause_cycle_s < PAUSE_CYCLE_MIN_S or self.pause_cycle_s < 0:
+            raise ConfigError(f"pause_cycle_s {self.pause_cycle_s} must be 0 (off) or >= {PAUSE_CYCLE_MIN_S}")
+        if self.pause_cycle_log and not Path(self.pause_cycle_log).parent.is_dir():
+            raise ConfigError(f"pause_cycle_log {self.pause_cycle_log!r}: its directory does not exist")
         if self.max_kernel_names < 0:
             raise ConfigError(f"max_kernel_names {self.max_kernel_names} must be >= 0")
         if self.queue_size < self.batch_size or self.batch_size <= 0:

@@ -89,10 +89,15 @@ class ProducingMetricExporter(MetricExporter):
     def _by_resource(self, metrics: list[Metric]) -> dict[Resource, list[Metric]]:
         """`metrics` split by the resource of each data point's process."""
         points: dict[tuple[Resource, str], list[object]] = {}
+        pids = set()
         for metric in metrics:
             for point in metric.data.data_points:
-                key = (self._owner((point.attributes or {}).get("process.pid")), metric.name)
+                pid = (point.attributes or {}).get("process.pid")
+                pids.add(pid)
+                key = (self._owner(pid), metric.name)
                 points.setdefault(key, []).append(point)
+        # a process no point names any more has been forgotten by the statistics: so is its resource
+        self._seen = {pid: res for pid, res in self._seen.items() if pid in pids}
         out: dict[Resource, list[Metric]] = {}
         for metric in metrics:
             for (res, name), mine in points.items():

@@ -60,8 +60,11 @@ class OperatorShedder:
             self._links.drop(GroupKind.TORCH_EXIT, self._exits_due, overlap=True)
             self._exits_due = set()
 
-    def observe(self, entries: Sequence[CallStat], now: float) -> None:
-        """One read of the kernel's statistics: shed what costs more than it tells."""
+    def observe(self, entries: Sequence[CallStat], now: float,
+                scale: Mapping[tuple[int, int], float] | None = None) -> None:
+        """One read of the kernel's statistics: shed what costs more than it tells. `scale`
+        extrapolates the counts of probes the guardrail cycles (their rate, not the share of it
+        counted while attached, is what they cost with the probes on)."""
         window, self._last_t = now - self._last_t, now
         totals: dict[tuple[int, int], list[int]] = {}
         for e in entries:
@@ -80,7 +83,7 @@ class OperatorShedder:
             if calls < MIN_CALLS or timed_calls <= 0:
                 continue
             per_call = 2 * self._hit_cost(pid)
-            rate, mean_s = calls / window, ns / timed_calls * 1e-9
+            rate, mean_s = calls * (scale or {}).get((pid, slot), 1.0) / window, ns / timed_calls * 1e-9
             cost = rate * per_call
             if cost >= self.share and mean_s < TINY_HITS * per_call:
                 best = found.get(slot)

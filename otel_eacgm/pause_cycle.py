@@ -18,17 +18,12 @@ from __future__ import annotations
 
 import bisect
 import json
-import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
 from otel_eacgm.probe_links import ProbeLinks
-
-log = logging.getLogger(__name__)
-
-MIN_BLOCK_S = 0.2  # a pause and a resume take tens of milliseconds each
 
 
 class PauseCycle:

@@ -169,6 +169,7 @@ class ProbeLinks:
         self._groups: dict[Group, _Attached] = {}
         self._closer = _LinkCloser()
         self._paused = False
+        self._kind_wanted: dict[GroupKind, bool] = {}  # what detach/reattach last asked of each kind
 
     @property
     def multi_links(self) -> bool:
@@ -181,7 +182,9 @@ class ProbeLinks:
         if not probes:
             return
         entry = self._groups.setdefault(group, _Attached(()))
-        if self._paused and not entry.handles:  # attached by resume()
+        if self._paused and not entry.handles:  # attached by resume(), if its kind is wanted then
+            if not entry.probes:
+                entry.wanted = self._kind_wanted.get(group.kind, True)
             entry.probes += tuple(probes)
             return
         try:
@@ -283,6 +286,7 @@ class ProbeLinks:
         it stopped firing. A probe stops as soon as its breakpoint is removed, which comes first;
         the kernel's synchronisation after it is what takes time (one per link, or one per perf
         probe)."""
+        self._kind_wanted[kind] = False
         for group, entry in self._groups.items():
             if group.kind is kind:
                 entry.wanted = False
@@ -294,7 +298,10 @@ class ProbeLinks:
         return detached
 
     def reattach(self, kind: GroupKind) -> int:
-        """Attach again what detach(kind) took off (when resumed, if paused); returns the probes attached."""
+        """Attach again what detach(kind) took off (when resumed, if paused); returns the probes attached.
+        Waits for closes still queued: the old link and its replacement must not fire together."""
+        self._closer.drain()
+        self._kind_wanted[kind] = True
         n = 0
         for group, entry in self._groups.items():
             if group.kind is not kind:
@@ -328,15 +335,20 @@ class ProbeLinks:
         """Attach again what pause() took off and is wanted (returns first); returns the probes attached."""
         self._paused = False
         n = 0
+        gone = []
         for kinds in (_EXIT_KINDS, _ENTRY_KINDS):
             for group, entry in self._groups.items():
-                if group.kind in kinds and entry.wanted and not entry.handles:
+                if group.kind in kinds and entry.wanted and not entry.handles and group not in gone:
                     try:
                         entry.handles, attached = self._attach_now(group, entry.probes)
                         entry.probes = tuple(attached)
                         n += len(attached)
+                    except ProcessGone:  # a process-scoped group whose process exited while paused
+                        gone.append(group)
                     except BpfError as exc:
                         log.warning("resuming %s probes of %s failed: %s", group.kind.value, group.path, exc)
+        for group in gone:
+            del self._groups[group]
         return n
 
     def drop(self, kind: GroupKind, slots: set[int], *, overlap: bool = False) -> int:
@@ -356,6 +368,7 @@ class ProbeLinks:
                 continue
             if not overlap:
                 self._close_handles(old)
+                self._closer.drain()  # both links live at once would enter every kept operator twice
             try:
                 entry.handles, attached = self._attach_now(group, keep) if keep else ([], [])
                 entry.probes = tuple(attached)

@@ -175,6 +175,8 @@ class DetectorConfig(Settings):
         for key in positive:
             if not getattr(self, key) > 0:
                 raise ConfigError(f"{key}: {getattr(self, key)!r} must be > 0")
+        if self.max_fit_windows < 2:  # a mixture needs two windows at least
+            raise ConfigError(f"max_fit_windows: {self.max_fit_windows!r} must be >= 2")
         if self.window_s > 86400:
             raise ConfigError(f"window_s: {self.window_s!r} must be <= 86400 (a day)")
         if self.grace_s < 0:

@@ -3,8 +3,8 @@
 Discovery finds an interpreter file (an executable or libpython) mapped by a traced process;
 here its layout is read once per file, placed at the process' load address and written into
 the BPF `py_layouts` map, and the process' code objects become readable by name. An
-interpreter the agent cannot read is logged once and kept for the doctor and the summary; the
-process' other layers are traced as before.
+interpreter the agent cannot read is logged once (the doctor checks the interpreters on its
+own); the process' other layers are traced as before.
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ class FrameWalkers:
         self._files: dict[tuple[int, int], Interpreter | None] = {}
         self._pids: dict[int, Interpreter] = {}
         self.spans: FrameSpans | None = None  # set once the record line exists
-        self.unknown: dict[str, str] = {}     # interpreter path -> why its frames are not read
 
     def knows(self, lib: MappedLibrary) -> bool:
         """Whether `lib` is an interpreter whose frames are walked (then no USDT is needed)."""
@@ -80,7 +79,6 @@ class FrameWalkers:
             found = interpreter(lib.path)
         except UnknownInterpreter as exc:
             found = None
-            self.unknown[lib.path] = str(exc)
             log.warning("Python frames are not read in processes of %s: %s; their other layers are traced",
                         lib.path, exc)
         self._files[lib.file_key] = found
