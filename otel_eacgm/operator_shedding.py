@@ -57,7 +57,7 @@ class OperatorShedder:
     def tick(self) -> None:
         """Unlink the exit probes of operators whose entries were unlinked at the last read."""
         if self._exits_due:
-            self._links.drop(GroupKind.TORCH_EXIT, self._exits_due, overlap=True)
+            self._links.drop(GroupKind.TORCH_EXIT, self._exits_due)
             self._exits_due = set()
 
     def observe(self, entries: Sequence[CallStat], now: float,

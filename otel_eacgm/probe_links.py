@@ -351,12 +351,12 @@ class ProbeLinks:
             del self._groups[group]
         return n
 
-    def drop(self, kind: GroupKind, slots: set[int], *, overlap: bool = False) -> int:
+    def drop(self, kind: GroupKind, slots: set[int]) -> int:
         """Take the probes of `slots` out of every group of `kind` for good (operator shedding);
-        returns the probes dropped. An attached group is linked again without them: with
-        `overlap`, the new link is made before the old one is closed (return probes: a call
-        returning meanwhile is seen twice, the second time as an unmatched return, never lost),
-        else after (entry probes: a call entered meanwhile is not seen, rather than seen twice)."""
+        returns the probes dropped. An attached group is linked again without them, the new link
+        made before the old one is closed, so no call of a kept probe goes unseen: an entry hit
+        by both links is one frame (the kernel drops the second, same stack pointer within
+        microseconds), and of a return seen twice the second finds no frame of its own."""
         dropped = 0
         for group, entry in self._groups.items():
             keep = tuple(p for p in entry.probes if p.slot not in slots)
@@ -364,11 +364,8 @@ class ProbeLinks:
                 continue
             dropped += len(entry.probes) - len(keep)
             old, entry.probes = entry.handles, keep
-            if not old:  # detached by the guardrail: re-attached later without them
+            if not old:  # detached by the guardrail or paused: attached later without them
                 continue
-            if not overlap:
-                self._close_handles(old)
-                self._closer.drain()  # both links live at once would enter every kept operator twice
             try:
                 entry.handles, attached = self._attach_now(group, keep) if keep else ([], [])
                 entry.probes = tuple(attached)
@@ -376,8 +373,7 @@ class ProbeLinks:
                 entry.handles = []
                 log.warning("re-linking %s probes of %s without %d shed probes failed: %s", kind.value, group.path,
                             len(slots), exc)
-            if overlap:
-                self._close_handles(old)
+            self._close_handles(old)
         return dropped
 
     @property

@@ -5,6 +5,9 @@
 #ifndef EACGM_CALLS_ENTRY_RETURN_BPF_H
 #define EACGM_CALLS_ENTRY_RETURN_BPF_H
 
+/* Two links of one probe run their programs back to back in one trap: a few microseconds. */
+#define EACGM_DUPLICATE_ENTRY_NS 20000
+
 /* `python` is a constant: the slot programs compile without the Python branch. */
 static __always_inline int on_entry(struct pt_regs *ctx, __u32 probe_id, const int python)
 {
@@ -21,6 +24,17 @@ static __always_inline int on_entry(struct pt_regs *ctx, __u32 probe_id, const i
 	__u32 *dp = depths_lookup(&tid);
 	__u32 depth = dp ? *dp : 0;
 	f.sp = PT_REGS_SP(ctx);
+	if (!python && depth > 0 && depth <= EACGM_MAX_DEPTH) {
+		/* The same entry hit twice in one trap: while a group is linked again without some
+		 * probes (operator shedding), its old and new links overlap on the kept ones. A call
+		 * of the same function at the same stack pointer microseconds later is that, not a
+		 * new call (the stack check below would end the first as unwound). */
+		struct frame_key top_key = {.tid = tid, .depth = depth - 1};
+		struct frame *top = inflight_lookup(&top_key);
+		if (top && top->probe_id == probe_id && top->sp == f.sp &&
+		    bpf_ktime_get_ns() - top->entry_ns < EACGM_DUPLICATE_ENTRY_NS)
+			return 0;
+	}
 	check_unwound(ctx, tid, depth, 0, python ? TAIL_PY_ENTRY : TAIL_ENTRY);
 	if (python) {
 		/* Not counted past the stack's end: on_py_return could not tell its frame apart. */

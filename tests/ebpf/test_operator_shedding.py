@@ -58,4 +58,9 @@ def test_a_high_rate_tiny_operator_is_shed_and_said_so(pipeline) -> None:  # noq
     assert pipeline.store.wait_for(lambda: both()[1] >= made["products"], 30), (both(), made)
     adds, products = both()
     assert products == made["products"]  # the product is still probed: every call counted
+    # re-linked with the old link still live, each product entered twice once: one call, not an
+    # unwound one and a second
+    errors = [p for p in pipeline.store.metric_points() if p["name"] == "eacgm.call.errors"
+              and p["attributes"].get("code.function.name") == "aten::mm"]
+    assert not errors, errors
     assert 0 < adds < made["adds"] / 2, (adds, made)  # the add is not probed any more
