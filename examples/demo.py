@@ -91,6 +91,13 @@ def start_zipkin_and_victorialogs(env: dict[str, str], zipkin_port: int, vl_port
     wait_port(zipkin_port, "Zipkin", zipkin, zlog, timeout_s=180)
 
 
+# The detector as the demo runs it: short windows and the shortest warm-up the config allows
+# (as tests/fixtures/detector-e2e.yaml), so a run of a few seconds learns the workload and then
+# scores it. The fault starts once the warm-up (16 windows of 0.5 s, ~160 steps) is over.
+DETECTOR = {"window_s": 0.5, "grace_s": 1.0, "warmup_windows": 16, "refit_every": 1000}
+FAULT_STEPS = range(201, 251)
+
+
 def pick_workload(choice: str, steps: int) -> tuple[list[str], str]:
     """(command, launch layer) of the example workload, with its fault after the warm-up."""
     python = sys.executable

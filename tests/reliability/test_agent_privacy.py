@@ -35,6 +35,9 @@ DOCUMENTED_READS = {
     "ev->func": "Python USDT: the function name",
     "ev->file": "Python USDT: the file name",
     "p->path": "openat: the file name, to spot watched libraries",
+    "&v": "Python frame walk: one pointer of the interpreter's state chain, 8 bytes",
+    "buf->b": "Python frame walk: one interpreter frame (code object, previous frame, instruction), bounded buffer",
+    "&first": "Python frame walk: a code object's first line number, 4 bytes",
 }
 # bpf_probe_read (the old either-memory helper) and bpf_copy_from_user read user memory too.
 _READ = re.compile(r"\b(?:bpf_probe_read(?:_user)?(?:_str)?|bpf_copy_from_user)\s*\(\s*([^,]+?)\s*,")
