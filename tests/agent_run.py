@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import re
@@ -35,6 +36,26 @@ def summary(stderr: str) -> dict[str, int]:
     if not lines:
         raise AssertionError(f"agent printed no summary; stderr:\n{stderr[-3000:]}")
     return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", lines[-1].split(" done: ", 1)[1])}
+
+
+def exported_spans(store, pid: int, stderr: str, timeout_s: float = 30) -> list[dict]:  # noqa: ANN001
+    """Process `pid`'s spans in `store` once as many arrived as the agent says it exported (its
+    `done:` line in `stderr`)."""
+    exported = summary(stderr)["exported"]
+
+    def mine() -> list[dict]:
+        return [s for s in store.spans() if s["attributes"].get("process.pid") == pid]
+
+    assert store.wait_for(lambda: len(mine()) >= exported, timeout_s), (len(mine()), exported)
+    return mine()
+
+
+def children(spans: list[dict]) -> dict[str, list[dict]]:
+    """span id -> child spans, in start order."""
+    out: dict[str, list[dict]] = collections.defaultdict(list)
+    for s in sorted(spans, key=lambda s: s["start"]):
+        out[s["parent_span_id"]].append(s)
+    return out
 
 
 def wait_for_earlier_releases(timeout_s: float = 60) -> None:

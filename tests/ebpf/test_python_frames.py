@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_run import REPO, agent_cmd, summary
+from agent_run import REPO, agent_cmd, children, exported_spans
 
 pytestmark = pytest.mark.ebpf
 
@@ -61,20 +61,8 @@ def traced(pipeline, python: Path, *extra: str, env: dict | None = None, frames:
     assert proc.returncode == 0, proc.stderr[-4000:]
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     pid = next(line["pid"] for line in lines if "pid" in line)
-    exported = summary(proc.stderr)["exported"]
+    return proc, lines, exported_spans(pipeline.store, pid, proc.stderr)
 
-    def mine() -> list[dict]:
-        return [s for s in pipeline.store.spans() if s["attributes"].get("process.pid") == pid]
-
-    assert pipeline.store.wait_for(lambda: len(mine()) >= exported, 30), (len(mine()), exported)
-    return proc, lines, mine()
-
-
-def children(spans: list[dict]) -> dict[str, list[dict]]:
-    out: dict[str, list[dict]] = collections.defaultdict(list)
-    for s in sorted(spans, key=lambda s: s["start"]):
-        out[s["parent_span_id"]].append(s)
-    return out
 
 
 @pytest.mark.parametrize("version", list(INTERPRETERS))
@@ -147,13 +135,7 @@ def test_churned_code_objects_and_threads_never_get_a_wrong_name(pipeline, versi
                                    OTEL_EACGM_PYTHON_FRAMES="1"))
     assert proc.returncode == 0, proc.stderr[-4000:]  # the traced program and the agent both ran through
     (end,) = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    exported = summary(proc.stderr)["exported"]
-
-    def mine() -> list[dict]:
-        return [s for s in pipeline.store.spans() if s["attributes"].get("process.pid") == end["pid"]]
-
-    assert pipeline.store.wait_for(lambda: len(mine()) >= exported, 30), (len(mine()), exported)
-    spans = mine()
+    spans = exported_spans(pipeline.store, end["pid"], proc.stderr)
     calls = [s for s in spans if s["name"] == "cudaSetDevice"]
     assert len(calls) == end["calls"] == rounds * 100
     generated = [s for s in spans if s["name"].startswith("gen_")]
@@ -186,13 +168,7 @@ def test_torch_training_step_is_a_span_over_its_operators(pipeline) -> None:  # 
     assert proc.returncode == 0, proc.stderr[-4000:]
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     pid = next(line["tid"] for line in lines if "step" in line)
-    exported = summary(proc.stderr)["exported"]
-
-    def mine() -> list[dict]:
-        return [s for s in pipeline.store.spans() if s["attributes"].get("process.pid") == pid]
-
-    assert pipeline.store.wait_for(lambda: len(mine()) >= exported, 30), (len(mine()), exported)
-    spans = mine()
+    spans = exported_spans(pipeline.store, pid, proc.stderr)
     kids = children(spans)
     by_id = {s["span_id"]: s for s in spans}
     steps = [s for s in spans if s["name"] == "train_step"]

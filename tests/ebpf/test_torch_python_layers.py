@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_run import REPO, agent_cmd, summary
+from agent_run import REPO, agent_cmd, children, exported_spans, summary
 
 pytestmark = pytest.mark.ebpf
 
@@ -41,21 +41,8 @@ def traced(pipeline, *extra: str, env: dict | None = None, steps: int = STEPS): 
     assert proc.returncode == 0, proc.stderr[-4000:]
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     pid = next(line["tid"] for line in lines if "step" in line)
-    exported = summary(proc.stderr)["exported"]
+    return proc, lines, exported_spans(pipeline.store, pid, proc.stderr)
 
-    def mine() -> list[dict]:
-        return [s for s in pipeline.store.spans() if s["attributes"].get("process.pid") == pid]
-
-    assert pipeline.store.wait_for(lambda: len(mine()) >= exported, 30), (len(mine()), exported)
-    return proc, lines, mine()
-
-
-def children(spans: list[dict]) -> dict[str, list[dict]]:
-    """span id -> child spans, in start order."""
-    out: dict[str, list[dict]] = collections.defaultdict(list)
-    for s in sorted(spans, key=lambda s: s["start"]):
-        out[s["parent_span_id"]].append(s)
-    return out
 
 
 @pytest.fixture(scope="module")

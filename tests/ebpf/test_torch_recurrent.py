@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from agent_run import REPO, agent_cmd, summary
+from agent_run import REPO, agent_cmd, exported_spans
 
 pytestmark = pytest.mark.ebpf
 
@@ -27,13 +27,7 @@ def recurrent_spans(pipeline) -> list[dict]:  # noqa: ANN001
         os.environ, OTEL_EACGM_GPU_METRICS="0", EACGM_PY_PROFILE="1", OTEL_EACGM_SPAN_SAMPLE_RATIO="1"))
     assert proc.returncode == 0, proc.stderr[-4000:]
     pid = next(json.loads(line)["tid"] for line in proc.stdout.splitlines() if line.startswith("{"))
-    exported = summary(proc.stderr)["exported"]
-
-    def mine() -> list[dict]:
-        return [s for s in pipeline.store.spans() if s["attributes"].get("process.pid") == pid]
-
-    assert pipeline.store.wait_for(lambda: len(mine()) >= exported, 30), (len(mine()), exported)
-    return mine()
+    return exported_spans(pipeline.store, pid, proc.stderr)
 
 
 def ancestors(span: dict, by_id: dict[str, dict]) -> list[str]:
