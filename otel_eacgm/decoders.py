@@ -139,6 +139,14 @@ def kernel_get_function(ev: CallEvent, _s: bytes | None, ctx: DecodeContext) -> 
 
 
 @decoder()
+def get_kernel(ev: CallEvent, _s: bytes | None, ctx: DecodeContext) -> Attributes:
+    """__cudaGetKernel(cudaKernel_t *out, const void *host_stub): the handle takes the stub's name."""
+    if ev.ret == 0 and ev.out_value:
+        ctx.kernel_names.alias_address(ev.pid, ev.out_value, ev.args[1])
+    return {"cuda.kernel.name": ctx.kernel_names.for_address(ev.pid, ev.args[1])}
+
+
+@decoder()
 def graph_launch(ev: CallEvent, _s: bytes | None, _ctx: DecodeContext) -> Attributes:
     """cudaGraphLaunch / cuGraphLaunch(graphExec, stream)."""
     return {"cuda.graph.exec": _hex(ev.args[0]), "cuda.stream": _hex(ev.args[1])}

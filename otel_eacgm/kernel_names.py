@@ -1,6 +1,7 @@
 """Kernel names for launches, per traced process.
 
-Runtime launches pass the host stub's address: its ELF symbol names the kernel. Driver launches
+Runtime launches pass the host stub's address, whose ELF symbol names the kernel, or (nvcc 12.8
+and later) a handle that `__cudaGetKernel` returned for that stub, named by that record. Driver launches
 pass a CUfunction (or a CUkernel cast to one): the driver's name records
 (cuModuleGetFunction / cuLibraryGetKernel / cuKernelGetFunction), seen earlier by the agent,
 name it. Both are cached and forgotten when the process exits.
@@ -38,6 +39,13 @@ class KernelNames:
         name = self._by_pid.get(pid, {}).get(known_handle)
         if name is not None:
             self.record(pid, new_handle, name)
+
+    def alias_address(self, pid: int, handle: int, stub: int) -> None:
+        """__cudaGetKernel: a runtime kernel handle takes the name of the host stub it was made for."""
+        name = self.for_address(pid, stub)
+        table = self._by_pid.setdefault(pid, {})
+        if name != UNKNOWN and len(table) < _MAX_PER_PROCESS:
+            table[handle] = name
 
     def for_handle(self, pid: int, handle: int) -> str:
         """Name of a driver function/kernel handle, or "[unknown]" if never recorded."""

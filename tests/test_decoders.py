@@ -5,7 +5,8 @@ from __future__ import annotations
 import struct
 
 from otel_eacgm.clock import EpochClock
-from otel_eacgm.decoders import DECODERS, DecodeContext, drv_launch_ex, free, malloc, nccl_allgather, rt_launch_ex
+from otel_eacgm.decoders import (DECODERS, DecodeContext, drv_launch_ex, free, get_kernel, malloc, nccl_allgather, rt_launch,
+                                 rt_launch_ex)
 from otel_eacgm.events import CallEvent, CallFlags
 from otel_eacgm.kernel_names import KernelNames
 from otel_eacgm.probes.catalog import CATALOG, MAX_SLOTS, Layer, enabled_rows
@@ -34,6 +35,22 @@ def test_launch_layer_selects_one_launch_probe_per_launch() -> None:
     runtime = {s.symbol for _, s in enabled_rows(layers=frozenset(Layer), launch_layer=Layer.CUDA_RUNTIME)}
     assert "cuLaunchKernel" in driver and "cudaLaunchKernel" not in driver and "cuModuleGetFunction" in driver
     assert "cudaLaunchKernel" in runtime and "cuLaunchKernel" not in runtime and "cuModuleGetFunction" not in runtime
+    assert "__cudaGetKernel" in runtime and "__cudaGetKernel" not in driver
+
+
+def test_runtime_launches_by_handle_take_the_name_of_the_stub_it_was_made_for() -> None:
+    """nvcc 12.8+: __cudaGetKernel(&handle, stub) once, then cudaLaunchKernel(handle, ...)."""
+    ctx = _ctx()
+    assert rt_launch(_ev(0x5A5A0), None, ctx)["cuda.kernel.name"] == "[unknown]"  # before the record
+    failed = _ev(0, 0x400, flags=CallFlags.RETURNED | CallFlags.OUT, out_value=0x6B6B0, ret=35)
+    assert get_kernel(failed, None, ctx)["cuda.kernel.name"] == "test()"
+    assert rt_launch(_ev(0x6B6B0), None, ctx)["cuda.kernel.name"] == "[unknown]"  # a failed call names nothing
+    ok = _ev(0, 0x400, flags=CallFlags.RETURNED | CallFlags.OUT, out_value=0x5A5A0)
+    assert get_kernel(ok, None, ctx)["cuda.kernel.name"] == "test()"
+    assert rt_launch(_ev(0x5A5A0), None, ctx)["cuda.kernel.name"] == "test()"
+    other_process = _ev(0x5A5A0)
+    other_process.pid = 99
+    assert rt_launch(other_process, None, ctx)["cuda.kernel.name"] == "[unknown]"
 
 
 def test_struct_pointer_launches_decode_full_width_fields() -> None:

@@ -38,7 +38,7 @@ class Role(str, enum.Enum):
 
     CALL = "call"
     LAUNCH = "launch"            # a kernel launch; which launch layer is traced is configurable
-    NAME_RECORD = "name_record"  # returns a handle for a named kernel (driver name records)
+    NAME_RECORD = "name_record"  # returns a handle for a named kernel (name records of the launch layer)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,6 +112,9 @@ CATALOG: tuple[ProbeSpec, ...] = (
     _rt("cudaEventSynchronize", "event_sync"),
     _rt("cudaStreamWaitEvent", "stream_wait_event"),
     _rt("cudaSetDevice", "set_device"),
+    # nvcc 12.8+ stubs resolve a kernel once per launch site and launch by the handle (a heap
+    # address): this name record maps the handle to the host stub's symbol.
+    _rt("__cudaGetKernel", "get_kernel", role=Role.NAME_RECORD, out_arg=0),
     # CUDA driver (libcuda)
     _drv("cuLaunchKernel", "drv_launch", has_return=False, role=Role.LAUNCH, key_arg=0),
     _drv("cuLaunchKernelEx", "drv_launch_ex", has_return=False, role=Role.LAUNCH, deref_arg=0, key_arg=1),
@@ -164,7 +167,7 @@ def enabled_rows(*, layers: frozenset[Layer], launch_layer: Layer) -> list[tuple
 
     Launches are traced at exactly one layer: every runtime launch reaches cuLaunchKernel(Ex)
     in the driver, so probing both would cost two probe hits per launch and count it twice.
-    Driver name records are needed only when launches are traced at the driver.
+    A layer's name records are needed only when launches are traced at that layer.
     """
     if launch_layer not in (Layer.CUDA_RUNTIME, Layer.CUDA_DRIVER):
         raise ValueError(f"launch_layer {launch_layer.value!r} must be cuda.runtime or cuda.driver")
@@ -174,7 +177,7 @@ def enabled_rows(*, layers: frozenset[Layer], launch_layer: Layer) -> list[tuple
             continue
         if spec.role is Role.LAUNCH and spec.layer is not launch_layer:
             continue
-        if spec.role is Role.NAME_RECORD and launch_layer is not Layer.CUDA_DRIVER:
+        if spec.role is Role.NAME_RECORD and spec.layer is not launch_layer:
             continue
         rows.append((slot, spec))
     return rows

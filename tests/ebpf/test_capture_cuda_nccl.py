@@ -17,7 +17,7 @@ pytestmark = pytest.mark.ebpf
 PLAN = [
     ["cudaMalloc", 3], ["cudaFree", 2], ["cudaMemcpy", 2], ["cudaMemcpyAsync", 1], ["cudaMemset", 1],
     ["cudaDeviceSynchronize", 4], ["cudaStreamSynchronize", 1], ["cudaSetDevice", 1],
-    ["cudaLaunchKernel", 5], ["ncclAllReduce", 3], ["ncclReduce", 2], ["ncclSend", 1],
+    ["cudaLaunchKernel", 5], ["__cudaGetKernel", 2], ["ncclAllReduce", 3], ["ncclReduce", 2], ["ncclSend", 1],
     ["ncclGroupStart", 2], ["ncclGroupEnd", 2],
 ]
 
@@ -53,7 +53,7 @@ def test_spans_carry_real_error_codes(traced_run) -> None:  # noqa: ANN001
             assert s["status_code"] == 0 and s["attributes"]["eacgm.call.return_code"] == 0
         elif s["name"] == "cudaLaunchKernel":  # entry-only probe: no return seen
             assert "eacgm.call.return_code" not in s["attributes"]
-        elif s["name"].startswith("cuda"):
+        elif s["name"].startswith(("cuda", "__cuda")):
             assert s["status_code"] == 2, s  # STATUS_CODE_ERROR
             assert s["attributes"]["error.type"] == "cudaErrorInsufficientDriver"
             assert s["attributes"]["eacgm.call.return_code"] == rc[s["name"]]
@@ -71,6 +71,9 @@ def test_decoded_arguments(traced_run) -> None:  # noqa: ANN001
     assert launch["cuda.shared_mem.bytes"] == 48 and launch["cuda.stream"] == "0x55"
     # the workload launches cudaGetErrorName's address: the ELF symbol names the "kernel"
     assert launch["cuda.kernel.name"] == "cudaGetErrorName"
+    # the runtime layer's name record: without a driver it fails, so no handle is named, but
+    # the span names the stub it was asked for
+    assert [a["cuda.kernel.name"] for a in by["__cudaGetKernel"]] == ["cudaGetErrorName"] * 2
     assert by["cudaMalloc"][0]["cuda.memory.bytes"] == 1 << 20
     assert by["cudaMemcpy"][0]["cuda.memory.bytes"] == 4096 and by["cudaMemcpy"][0]["cuda.memcpy.kind"] == "HostToDevice"
     assert by["cudaMemcpyAsync"][0]["cuda.memcpy.kind"] == "DeviceToHost" and by["cudaMemcpyAsync"][0]["cuda.stream"] == "0x55"

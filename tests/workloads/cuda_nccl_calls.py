@@ -37,6 +37,8 @@ def calls(rt: ctypes.CDLL, nccl: ctypes.CDLL) -> dict:
         # cudaGetErrorName's address as the host stub, grid (2,3,4) block (32,1,1), 48 B smem, stream 0x55
         "cudaLaunchKernel": lambda: rt.cudaLaunchKernel(ctypes.cast(rt.cudaGetErrorName, vp), u64(2 | (3 << 32)), u32(4), u64(32 | (1 << 32)),
                                                           u32(1), None, sz(48), vp(0x55)),
+        # nvcc 12.8+ stubs: resolve the "kernel" at cudaGetErrorName's address to a handle
+        "__cudaGetKernel": lambda: getattr(rt, "__cudaGetKernel")(ctypes.byref(p), ctypes.cast(rt.cudaGetErrorName, vp)),
         # 1000 float32 (7), sum (0), comm NULL, stream 0x66
         "ncclAllReduce": lambda: nccl.ncclAllReduce(vp(0x10), vp(0x20), sz(1000), ctypes.c_int(7), ctypes.c_int(0),
                                                     None, vp(0x66)),
