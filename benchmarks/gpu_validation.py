@@ -4,13 +4,15 @@ Runs `otel-eacgm agent -- python examples/train.py` once per launch layer (cuda.
 default, and cuda.runtime) with spans sent to an in-process OTLP store, then prints per span
 name the count, error count and (for launches) the most frequent kernel names, plus the NCCL
 attributes. The figures go into docs/gpu-validation.md.
-usage: gpu_validation.py [--steps 20] [--python PYTHON]
+usage: gpu_validation.py [--steps 20] [--python PYTHON] [--layers L1,L2] [--spans-out PREFIX]
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import gzip
+import json
 import os
 import re
 import subprocess
@@ -24,7 +26,24 @@ sys.path.insert(0, str(REPO))
 from eacgm_testkit.otlp_store import serve  # noqa: E402
 
 
-def run(layer: str, python: str, steps: int, extra: list[str]) -> None:
+def chains(spans: list[dict]) -> collections.Counter:
+    """Launch spans by their ancestry of layers, e.g. python > torch > cuda.driver: the
+    full-stack trees (Python frame > ATen operator > launch) counted, not just pairs."""
+    ids = {s["span_id"]: s for s in spans}
+    out: collections.Counter = collections.Counter()
+    for s in spans:
+        if "cuda.kernel.name" not in s["attributes"] or "Launch" not in s["name"]:
+            continue
+        layers, p = [s["attributes"].get("eacgm.layer")], ids.get(s["parent_span_id"])
+        while p is not None:
+            if p["attributes"].get("eacgm.layer") != layers[0]:
+                layers.insert(0, p["attributes"].get("eacgm.layer"))
+            p = ids.get(p["parent_span_id"])
+        out[" > ".join(map(str, layers))] += 1
+    return out
+
+
+def run(layer: str, python: str, steps: int, extra: list[str], spans_out: Path | None) -> None:
     server, store, port = serve()
     cmd = [sys.executable, "-m", "otel_eacgm.cli", "agent", "--endpoint", f"http://127.0.0.1:{port}", "--insecure",
            "--launch-layer", layer, "--", python, str(REPO / "examples/train.py"), "--steps", str(steps), *extra]
@@ -64,6 +83,14 @@ def run(layer: str, python: str, steps: int, extra: list[str]) -> None:
         if p:
             nest[(p["name"], s["name"])] += 1
     print("nesting (parent > child):", dict(nest.most_common(8)))
+    print("launches by the layers above them:", dict(chains(spans).most_common(6)))
+    python_over = [(ids[s["parent_span_id"]]["attributes"].get("code.function.name"), s["name"])
+                   for s in spans if s["attributes"].get("eacgm.layer") == "torch" and s["parent_span_id"] in ids
+                   and ids[s["parent_span_id"]]["attributes"].get("eacgm.layer") == "python"]
+    print("python frame > operator (top):", collections.Counter(python_over).most_common(8))
+    if spans_out is not None:
+        with gzip.open(spans_out.with_name(f"{spans_out.name}.{layer}.json.gz"), "wt") as f:
+            json.dump(spans, f)
     print("resource:", spans[0]["resource"] if spans else None)
     print_metrics(store.metric_points())
     server.stop(0)
@@ -91,9 +118,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--layers", default="cuda.driver,cuda.runtime")
+    ap.add_argument("--spans-out", type=Path, help="also write every span as JSON to SPANS_OUT.<layer>.json.gz")
     args, extra = ap.parse_known_args()
     for layer in args.layers.split(","):
-        run(layer, args.python, args.steps, extra)
+        run(layer, args.python, args.steps, extra, args.spans_out)
 
 
 if __name__ == "__main__":
