@@ -38,8 +38,21 @@ def test_config_validates(name: str) -> None:
 
 def test_a_broken_config_is_refused(tmp_path) -> None:  # noqa: ANN001
     bad = tmp_path / "bad.yaml"
-    bad.write_text((REPO / "collector-config/demo.yaml").read_text().replace("otlp/store]", "otlp/nowhere]"))
+    bad.write_text((REPO / "collector-config/demo.yaml").read_text().replace("otlp_grpc/store]", "otlp_grpc/nowhere]"))
     env = dict(os.environ, **{var: "4317" for var in PORT_VARS})
     proc = subprocess.run([str(collector_binary()), "validate", "--config", str(bad)], env=env,
                           capture_output=True, text=True, timeout=60)
-    assert proc.returncode != 0 and "otlp/nowhere" in proc.stderr
+    assert proc.returncode != 0 and "otlp_grpc/nowhere" in proc.stderr
+
+
+@pytest.mark.parametrize("name", [c for c in CONFIGS if c != "jaeger-local.yaml"])
+def test_config_starts_without_deprecated_names(name: str) -> None:
+    """`validate` accepts the deprecated component aliases (`otlp`/`otlphttp` exporters) silently;
+    only a running Collector warns, so each config is started for a few seconds."""
+    env = dict(os.environ, **{var: str(24317 + i) for i, var in enumerate(PORT_VARS)},
+               **{var: "127.0.0.1:9" for var in HOST_VARS},
+               DETECTOR_REPLICAS="[127.0.0.1:9]", EACGM_RETRY_MAX_ELAPSED="1s")
+    proc = subprocess.run(["timeout", "-s", "INT", "4", str(collector_binary()), "--config",
+                           str(REPO / "collector-config" / name)], env=env, capture_output=True, text=True, timeout=60)
+    assert "Everything is ready" in proc.stderr, proc.stderr[-2000:]
+    assert "deprecated" not in proc.stderr.lower(), [l for l in proc.stderr.splitlines() if "eprecat" in l]

@@ -190,7 +190,7 @@ def pipeline_run(log_dir: Path) -> Iterator[Run]:
         assert agent.returncode == 0, agent.stderr[-3000:]
         counters = summary(agent.stderr)
         metrics_port = ports["EACGM_COLLECTOR_METRICS_PORT"]
-        wait_until(lambda: collector_counter(metrics_port, "otelcol_exporter_sent_spans", "otlp/detector")
+        wait_until(lambda: collector_counter(metrics_port, "otelcol_exporter_sent_spans", "otlp_grpc/detector")
                    >= counters["exported"], 30, f"the collector to send the detector {counters['exported']} spans")
         assert detector.stop() == 0, detector.tail()
         assert collector.stop() == 0, collector.tail()

@@ -52,9 +52,9 @@ def _collector_config(path: Path, detector_port: int) -> Path:
                 "sending_queue": {"queue_size": 1000, "num_consumers": 1}}
     path.write_text(yaml.safe_dump({
         "receivers": {"otlp": {"protocols": {"grpc": {"endpoint": "127.0.0.1:${env:EACGM_COLLECTOR_GRPC_PORT}"}}}},
-        "exporters": {"otlp/detector": exporter},
+        "exporters": {"otlp_grpc/detector": exporter},
         "service": {"telemetry": {"metrics": {"level": "none"}},
-                    "pipelines": {p: {"receivers": ["otlp"], "exporters": ["otlp/detector"]}
+                    "pipelines": {p: {"receivers": ["otlp"], "exporters": ["otlp_grpc/detector"]}
                                   for p in ("traces", "metrics")}},
     }))
     return path

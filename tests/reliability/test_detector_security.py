@@ -138,12 +138,12 @@ def test_bearer_token_from_the_config_key_without_tls() -> None:
 def _collector_to_detector(path: Path, detector: DetectorProcess, cert: Path, token: str) -> Path:
     config = {
         "receivers": {"otlp": {"protocols": {"grpc": {"endpoint": "127.0.0.1:${env:EACGM_COLLECTOR_GRPC_PORT}"}}}},
-        "exporters": {"otlp/detector": {
+        "exporters": {"otlp_grpc/detector": {
             "endpoint": f"localhost:{detector.port}", "tls": {"ca_file": str(cert)},
             "headers": {"authorization": f"Bearer {token}"},
             "retry_on_failure": {"initial_interval": "200ms", "max_interval": "1s"}}},
         "service": {"telemetry": {"metrics": {"level": "none"}},
-                    "pipelines": {"traces": {"receivers": ["otlp"], "exporters": ["otlp/detector"]}}},
+                    "pipelines": {"traces": {"receivers": ["otlp"], "exporters": ["otlp_grpc/detector"]}}},
     }
     path.write_text(yaml.safe_dump(config))
     return path
