@@ -40,6 +40,18 @@ def screenshot(url: str, path: Path, width: int, height: int) -> None:
     _chromium(f"--screenshot={path}", f"--window-size={width},{height}", url)
 
 
+def checked_screenshot(url: str, path: Path, size: tuple[int, int], docs_copy: Path | None = None) -> None:
+    """Screenshot `url` to `path`, fail if it is not `size` or (nearly) blank, and copy it to
+    `docs_copy` when EACGM_DOCS_SCREENSHOTS=1 (how docs/screenshots/ is refreshed)."""
+    screenshot(url, path, *size)
+    width, height, colours = png_size_and_colours(path)
+    assert (width, height) == size
+    assert path.stat().st_size > 20_000 and colours > 64, "the screenshot is (nearly) blank"
+    if docs_copy is not None and os.environ.get("EACGM_DOCS_SCREENSHOTS") == "1":
+        docs_copy.parent.mkdir(exist_ok=True)
+        docs_copy.write_bytes(path.read_bytes())
+
+
 def png_size_and_colours(path: Path) -> tuple[int, int, int]:
     """(width, height, distinct byte values of the decoded rows) of a PNG file."""
     data = path.read_bytes()

@@ -9,14 +9,13 @@ The screenshot goes to the run's folder, and to docs/screenshots/ when EACGM_DOC
 from __future__ import annotations
 
 import html
-import os
 import time
 
 import pytest
 
 from collector_build import REPO
 from e2e_stack import Run
-from headless_chromium import dump_dom, png_size_and_colours, screenshot
+from headless_chromium import checked_screenshot, dump_dom
 from victorialogs_api import query, ui_url
 
 pytestmark = pytest.mark.ebpf
@@ -65,10 +64,4 @@ def test_victorialogs_ui_lists_the_records(e2e_run: Run) -> None:
     shown = [e for e in events if e["body"] in dom]
     assert shown == events, f"{len(events) - len(shown)} of {len(events)} anomaly messages not in {url}"
     png = e2e_run.log_dir / DOCS_SHOT.name
-    screenshot(url, png, *SCREEN)
-    width, height, colours = png_size_and_colours(png)
-    assert (width, height) == SCREEN
-    assert png.stat().st_size > 20_000 and colours > 64, "the screenshot is (nearly) blank"
-    if os.environ.get("EACGM_DOCS_SCREENSHOTS") == "1":
-        DOCS_SHOT.parent.mkdir(exist_ok=True)
-        DOCS_SHOT.write_bytes(png.read_bytes())
+    checked_screenshot(url, png, SCREEN, DOCS_SHOT)
