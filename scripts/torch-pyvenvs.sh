@@ -13,7 +13,10 @@
 # A venv is ready when its stamp exists.
 # Usage: torch-pyvenvs.sh [--path MINOR]   (--path 3.12: print that venv's python only)
 set -euo pipefail
-torch_version=2.13.0  # the test extra's pin in pyproject.toml; wheels for cp310-cp314
+repo=$(cd "$(dirname "$0")/.." && pwd)
+# the test extra's pin in pyproject.toml (2.13.0 has wheels for cp310-cp314): a new pin, new venvs
+torch_version=$(sed -n 's/^ *"torch==\([^"]*\)".*/\1/p' "$repo/pyproject.toml")
+[[ -n $torch_version ]] || { echo "setup: no \"torch==VERSION\" pin in $repo/pyproject.toml" >&2; exit 1; }
 minors=(3.10 3.12 3.13)
 cache=${OTEL_EACGM_CACHE:-$HOME/.cache/otel-eacgm}/pyvenvs/torch-$torch_version
 pyenv_root=${PYENV_ROOT:-$HOME/.pyenv}
@@ -21,7 +24,7 @@ if [[ ${1:-} == --path ]]; then echo "$cache/${2:?usage: --path MINOR}/bin/pytho
 log() { echo "setup: $*" >&2; }
 
 interpreter() {  # the newest pyenv build of CPython $1, or nothing
-  ls -d "$pyenv_root/versions/$1".[0-9]* 2>/dev/null | sort -V | tail -1 | sed "s|\$|/bin/python$1|"
+  { ls -d "$pyenv_root/versions/$1".[0-9]* 2>/dev/null || true; } | sort -V | tail -1 | sed "s|\$|/bin/python$1|"
 }
 
 nvidia_libs="$cache/nvidia-libs"
