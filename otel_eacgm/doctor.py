@@ -152,8 +152,8 @@ def _frames_note(path: str) -> tuple[bool, str] | None:
 
     try:
         note = frame_support(path)
-    except UnknownInterpreter as exc:
-        return False, str(exc)
+    except UnknownInterpreter as exc:  # its message names the file, which the check line names already
+        return False, str(exc).removeprefix(f"{path}: ")
     return None if note is None else (True, note)
 
 

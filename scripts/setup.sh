@@ -2,8 +2,9 @@
 # One-shot, idempotent set-up on Debian 12 for `make test` and `make demo`:
 # system packages (BCC, kernel headers, compiler), kernel headers usable by BCC, the project's
 # virtualenv at .venv (Debian's python3.11 with --system-site-packages, so it sees the Debian
-# bcc module and has Python USDT probes), cached OpenTelemetry Collector, Jaeger and VictoriaLogs
-# builds, Zipkin's server jar from Maven Central (Java 17 runs it), and headless Chromium (the
+# bcc module and has Python USDT probes), venvs with PyTorch for pyenv's CPython 3.10, 3.12 and
+# 3.13 (torch-pyvenvs.sh), cached OpenTelemetry Collector, Jaeger and VictoriaLogs builds,
+# Zipkin's server jar from Maven Central (Java 17 runs it), and headless Chromium (the
 # end-to-end tests open traces in Zipkin Lens and anomaly records in VictoriaLogs' UI).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -47,6 +48,7 @@ if [[ ! -f $stamp || pyproject.toml -nt $stamp ]]; then
 fi
 "$venv/bin/python" -c "import bcc" || { echo "setup: the venv cannot import bcc (python3-bpfcc)" >&2; exit 1; }
 
+bash "$repo/scripts/torch-pyvenvs.sh"
 bash "$repo/scripts/build-collector.sh" >/dev/null
 bash "$repo/scripts/build-jaeger.sh" >/dev/null
 bash "$repo/scripts/build-victorialogs.sh" >/dev/null

@@ -48,3 +48,29 @@ def test_agent_without_privileges_refuses_clearly() -> None:
     assert proc.returncode == 1
     assert "cannot trace as uid 65534" in proc.stderr and "otel-eacgm doctor" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_doctor_names_each_running_interpreter_whose_frames_it_cannot_read() -> None:
+    """A CPython the frame walk does not know (pyenv's 3.9) runs beside one it reads through
+    _Py_DebugOffsets (3.13): doctor's process check fails on the first, names why, and passes
+    the second; the agent's own interpreter is read from the table."""
+    pyenv = Path("/root/.pyenv/versions")
+    old, new = pyenv / "3.9.18/bin/python3.9", pyenv / "3.13.0/bin/python3.13"
+    if not (old.exists() and new.exists()):
+        pytest.skip("needs pyenv's CPython 3.9 and 3.13")
+    sleepers = [subprocess.Popen([str(p), "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+                for p in (old, new)]
+    try:
+        proc = subprocess.run([*DOCTOR, "--json"], capture_output=True, text=True, timeout=120)
+    finally:
+        for p in sleepers:
+            p.communicate(b"", timeout=10)
+    checks = {c["name"]: c for c in json.loads(proc.stdout)}
+    running = checks["python frames of processes"]
+    notes = dict(part.split(": ", 1) for part in running["detail"].split("; "))
+    assert not running["ok"] and "their other layers are traced" in running["fix"]
+    assert notes[str(pyenv / "3.9.18/lib/libpython3.9.so.1.0")] == (
+        "CPython 3.9 has no _Py_DebugOffsets and is not in the agent's table (3.10-3.12)")
+    assert notes[str(pyenv / "3.13.0/lib/libpython3.13.so.1.0")] == "CPython 3.13 frames read (layout from debug offsets)"
+    own = checks["python frames"]
+    assert own["ok"] and own["detail"].endswith("CPython 3.11 frames read (layout from table)"), own
