@@ -5,10 +5,10 @@ point-wise precision/recall/F1, event recall, AUC-PR and VUS-PR (``tsb-ad``, ins
 scripts/setup.sh), for the detector, random scores, PCA reconstruction error and
 IsolationForest. Throughput and memory are in detector_throughput.py.
 
-The detector's method and defaults (the alarm budget per entity-hour among them) were chosen
-looking at the first half of each data set's entities only (in the order below: omi-1..6,
-service0..14); the tables average over all entities, that half, and the other half, which
-nothing was chosen on.
+The detector's method and defaults (the alarm budget per entity-hour and the threshold
+following drift among them) were chosen looking at the first half of each data set's entities
+only (in the order below: omi-1..6, service0..14; benchmarks/detector_rule_sweep.py); the
+tables average over all entities, that half, and the other half, which nothing was chosen on.
 
     .venv/bin/python benchmarks/detector_accuracy.py [--datasets asd jumpstarter2] [--no-vus]
 """

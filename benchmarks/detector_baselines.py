@@ -3,7 +3,7 @@
 Every scorer maps (train, test) to anomaly scores (higher = more anomalous) for the test
 rows and their flags, chosen without labels. The detector runs as ``otel-eacgm detector
 fit``/``score`` run it on a feature table (context features, out-of-fold threshold at the
-alarm budget per entity-hour, flags as ``serve`` raises them); the baselines are fitted on a random 80% of train and every test row above the
+alarm budget per entity-hour, following drift, flags as ``serve`` raises them); the baselines are fitted on a random 80% of train and every test row above the
 same Peaks-Over-Threshold rule's threshold on the other 20% is flagged.
 """
 
@@ -45,7 +45,7 @@ def gmm(train, test, window_s: float, **config):
     model = fit_table(cfg, names, train)
     X, _ = table_features(model, names, test)
     scores = model.detector.score_samples(X)
-    return -scores, model.detector.anomalies(scores, cfg.confirm_windows)
+    return -scores, model.detector.anomalies(scores, cfg.confirm_windows, cfg.drift_windows)
 
 
 def random_scores(train, test):
@@ -70,9 +70,9 @@ def isolation_forest(train, test):
     return _flagged(-forest.score_samples(test), -forest.score_samples(train[hold_idx]))
 
 
-#: "previous operating point" is the same fit (same seed) with the rule before the alarm
-#: budget: POT threshold at risk 1e-3, two windows in a row or one far below; the two rows
-#: differ by the operating point alone. Scorers named "detector..." take ``window_s``.
+#: "fixed threshold" is the same fit (same seed) with the operating point before the threshold
+#: followed drift (``drift_windows`` 0, the rule of 2026-12-07): the two rows differ by that
+#: alone. Scorers named "detector..." take ``window_s``.
 SCORERS = {"detector (GMM)": gmm,
-           "detector, previous operating point": partial(gmm, threshold_risk=RISK, confirm_windows=2),
+           "detector, fixed threshold": partial(gmm, drift_windows=0),
            "random": random_scores, "PCA recon. error": pca_error, "IsolationForest": isolation_forest}

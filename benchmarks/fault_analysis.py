@@ -163,16 +163,18 @@ def analyse(args: argparse.Namespace, meta: dict, runs: list[dict]) -> tuple[str
         # A lead-in window before the measured span (fault_detection.write_run) is scored, as
         # a live detector sees it, but not counted.
         measured = [(k, x) for k, x in scored if x.start_ns >= r["lo_ns"]]
-        # Each window with both thresholds and its run below the first, so that another
-        # decision rule can be tried on these files alone once the recordings are gone.
+        # Each window with both fitted thresholds, the threshold it was compared with (moved
+        # by drift) and its run below that, so that another decision rule can be tried on these
+        # files alone once the recordings are gone (fault_rule_replay.py).
         with open(args.out / "scores" / f"{r['name'].replace('/', '__')}.csv", "w", newline="") as fh:
             w = csv.writer(fh)
             w.writerow(["timestamp", "window_end", "model", "entity", "score", "threshold", "single_threshold",
-                        "below", "anomaly", "rule", "top_features", "measured"])
+                        "below", "anomaly", "rule", "top_features", "measured", "compared_with"])
             for kind, x in scored:
-                w.writerow([x.start_ns, x.end_ns, kind, entity_label(x.entity), x.score, x.threshold,
-                            own[kind].detector.single_threshold_, x.below, int(x.anomalous), x.rule or "",
-                            ";".join(c.name for c in x.top), int(x.start_ns >= r["lo_ns"])])
+                det = own[kind].detector
+                w.writerow([x.start_ns, x.end_ns, kind, entity_label(x.entity), x.score, det.threshold_,
+                            det.single_threshold_, x.below, int(x.anomalous), x.rule or "",
+                            ";".join(c.name for c in x.top), int(x.start_ns >= r["lo_ns"]), x.threshold])
         flagged = [(k, x) for k, x in measured if x.anomalous]
         if r["role"] == "fault" and flagged:
             example = _better_example(example, r["name"], flagged)

@@ -32,7 +32,8 @@ log = logging.getLogger("eacgm_detector")
 
 # Settings a subcommand may take as a flag (argparse dest = setting name); absent ones are None.
 _FLAG_KEYS = ("listen", "insecure_listen", "export_endpoint", "model_path", "covariance_type", "max_components",
-              "window_s", "threshold_method", "threshold_risk", "alarms_per_hour", "confirm_windows")
+              "window_s", "threshold_method", "threshold_risk", "alarms_per_hour", "confirm_windows",
+              "drift_windows")
 
 
 def _config(args) -> DetectorConfig:
@@ -122,15 +123,15 @@ def _score(args) -> int:
     with _naming(args.input):
         scores = model.detector.score_samples(Xm) if len(Xm) else []
     # Rows are consecutive windows of one entity: flagged as `serve` would report them.
-    confirm = _config(args).confirm_windows
-    rules = model.detector.rules(scores, confirm)
-    threshold = f"{model.detector.threshold_:.6g}"
+    cfg = _config(args)
+    confirm = cfg.confirm_windows
+    rules, thresholds = model.detector.rules(scores, confirm, cfg.drift_windows)
     with atomic_write(args.output, "w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow((["timestamp"] if stamps is not None else []) + ["score", "threshold", "anomaly", "rule"])
         for i, (s, rule) in enumerate(zip(scores, rules)):
             w.writerow(([stamps[i]] if stamps is not None else [])
-                       + [f"{s:.6g}", threshold, int(rule is not None), rule or ""])
+                       + [f"{s:.6g}", f"{thresholds[i]:.6g}", int(rule is not None), rule or ""])
     _report(len(scores), sum(r is not None for r in rules), model, confirm, args.output)
     return 0
 
@@ -155,7 +156,8 @@ def _score_otlp(args, model: SavedModel) -> int:
 def _report(n: int, flagged: int, model: SavedModel, confirm_windows: int, output: str) -> None:
     det = model.detector
     print(f"scored {n} rows, {flagged} anomalous ({confirm_windows} consecutive below threshold "
-          f"{det.threshold_:.3f}, or one below {det.single_threshold_:.3f}); wrote {output}")
+          f"{det.threshold_:.3f}, or one below {det.single_threshold_:.3f}, both lowered as far as "
+          f"the scores drift; each row has its own); wrote {output}")
 
 
 def _setting(key: str, default: object = dataclasses.MISSING) -> str:
@@ -194,6 +196,7 @@ def _parser() -> argparse.ArgumentParser:
     score.add_argument("--output", required=True, help="CSV of score and 0/1 anomaly per row (required)")
     for s in (serve, score):
         s.add_argument("--confirm-windows", dest="confirm_windows", type=int, help=_setting("confirm_windows"))
+        s.add_argument("--drift-windows", dest="drift_windows", type=int, help=_setting("drift_windows"))
     for s in (serve, fit, score):
         s.add_argument("--config", help="YAML file of detector settings, overridden by OTEL_EACGM_DETECTOR_<KEY> "
                                         "and these flags (default: none)")

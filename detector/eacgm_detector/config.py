@@ -146,6 +146,11 @@ class DetectorConfig(Settings):
     threshold_risk: float | None = None
     """Target share of normal windows below the threshold; set, it replaces the one
     alarms_per_hour gives."""
+    drift_windows: int = 100
+    """The threshold follows normal drift downward: it is lowered by as much as the median
+    score of the entity's last drift_windows windows not flagged lies below the median
+    held-out score (from 30 such windows on, never raised); 0 keeps it where the fit put it
+    (docs/detector.md, "Operating point", says how 100 was chosen)."""
     confirm_windows: int = 1
     """Consecutive windows of an entity below the threshold that make an anomaly (the last
     of them is reported, and each further one), unless one is far below it (the model's
@@ -179,6 +184,8 @@ class DetectorConfig(Settings):
             raise ConfigError(f"max_fit_windows: {self.max_fit_windows!r} must be >= 2")
         if self.window_s > 86400:
             raise ConfigError(f"window_s: {self.window_s!r} must be <= 86400 (a day)")
+        if self.drift_windows < 0:
+            raise ConfigError(f"drift_windows: {self.drift_windows!r} must be >= 0 (0 turns it off)")
         if self.grace_s < 0:
             raise ConfigError(f"grace_s: {self.grace_s!r} must be >= 0")
         if self.warmup_windows < 10:

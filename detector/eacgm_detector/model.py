@@ -18,6 +18,7 @@ from sklearn.base import BaseEstimator, OutlierMixin
 from sklearn.mixture import GaussianMixture
 from sklearn.utils.validation import check_is_fitted, check_random_state, validate_data
 
+from eacgm_detector.drift import DriftThreshold
 from eacgm_detector.threshold import pot_threshold, quantile_threshold
 
 COVARIANCE_TYPES = ("full", "tied", "diag", "spherical")
@@ -135,6 +136,9 @@ class GMMDetector(OutlierMixin, BaseEstimator):
         Standardization and median imputation learned from training windows.
     holdout_scores_ : ndarray of shape (n_samples,)
         Each training window's out-of-fold score (not saved in model files).
+    holdout_median_ : float or None
+        Their median, which :class:`~eacgm_detector.drift.DriftThreshold` compares recent
+        scores with (None for a model file that predates it: no drift following).
     mixture_ : GaussianMixture
     n_iter_ : int
         EM iterations of the final fit.
@@ -367,7 +371,7 @@ class GMMDetector(OutlierMixin, BaseEstimator):
         self.mixture_ = self._mixture(self.n_components_, seed, Z[every], start=fitted[best]).fit(Z[every])
         self.n_iter_ = self.mixture_.n_iter_
         self.holdout_scores_ = oof
-        median = float(np.median(oof))
+        median = self.holdout_median_ = float(np.median(oof))
         oof = np.sort(oof)[int(np.ceil(self.trim_fraction * n)):]
         if self.threshold_method == "pot":
             self.threshold_, self.threshold_method_ = pot_threshold(oof, self.threshold_risk)
@@ -426,29 +430,48 @@ class GMMDetector(OutlierMixin, BaseEstimator):
         suffices (``confirm_windows`` 1); ``RULE_CONSECUTIVE``: the ``confirm_windows``-th
         (or a later) window in a row below it; ``RULE_FAR``: alone, but far below it
         (``single_threshold_``), where a fault leaves no doubt in its first window."""
-        if not score < self.threshold_:
-            return None
-        if run >= confirm_windows:
-            return RULE_THRESHOLD if confirm_windows <= 1 else RULE_CONSECUTIVE
-        return RULE_FAR if score < self.single_threshold_ else None
+        return self.rule_at(score, run, confirm_windows, self.threshold_, self.single_threshold_)
 
     def is_anomaly(self, score: float, run: int, confirm_windows: int) -> bool:
         """Whether a window with this score is reported (:meth:`rule` is not None)."""
         return self.rule(score, run, confirm_windows) is not None
 
-    def rules(self, scores: np.ndarray, confirm_windows: int) -> list[str | None]:
-        """:meth:`rule` over the scores of consecutive windows in time order, as the online
-        detector reports them: the rule that fired per window, None where none did."""
-        out: list[str | None] = []
-        run = 0
-        for score in scores:
-            run = run + 1 if score < self.threshold_ else 0
-            out.append(self.rule(float(score), run, confirm_windows))
-        return out
+    def rule_at(self, score: float, run: int, confirm_windows: int, threshold: float,
+                single_threshold: float) -> str | None:
+        """:meth:`rule` against given thresholds (those a :class:`DriftThreshold` moved)."""
+        if not score < threshold:
+            return None
+        if run >= confirm_windows:
+            return RULE_THRESHOLD if confirm_windows <= 1 else RULE_CONSECUTIVE
+        return RULE_FAR if score < single_threshold else None
 
-    def anomalies(self, scores: np.ndarray, confirm_windows: int) -> np.ndarray:
+    def drift(self, windows: int) -> DriftThreshold:
+        """A fresh :class:`DriftThreshold` for this model's thresholds (``windows`` 0: fixed)."""
+        return DriftThreshold(self.threshold_, self.single_threshold_,
+                              getattr(self, "holdout_median_", None), windows)
+
+    def rules(self, scores: np.ndarray, confirm_windows: int,
+              drift_windows: int = 0) -> tuple[list[str | None], np.ndarray]:
+        """:meth:`rule` over the scores of consecutive windows in time order, as the online
+        detector reports them, with the threshold following drift over ``drift_windows``
+        (:class:`DriftThreshold`; 0 keeps it fixed). Returns the rule that fired per window
+        (None where none did) and the threshold each window was compared with."""
+        out: list[str | None] = []
+        thresholds = np.empty(len(scores))
+        drift = self.drift(drift_windows)
+        run = 0
+        for i, score in enumerate(scores):
+            thr, single = drift.current()
+            run = run + 1 if score < thr else 0
+            out.append(self.rule_at(float(score), run, confirm_windows, thr, single))
+            thresholds[i] = thr
+            drift.observe(float(score), score < thr)
+        return out, thresholds
+
+    def anomalies(self, scores: np.ndarray, confirm_windows: int, drift_windows: int = 0) -> np.ndarray:
         """Whether each of consecutive windows is reported (:meth:`rules`), a bool per window."""
-        return np.array([r is not None for r in self.rules(scores, confirm_windows)], dtype=bool)
+        rules, _ = self.rules(scores, confirm_windows, drift_windows)
+        return np.array([r is not None for r in rules], dtype=bool)
 
     def contributions(self, X) -> np.ndarray:
         """Per-feature share of each window's unlikeliness, shape (n_samples, n_features).

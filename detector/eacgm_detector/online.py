@@ -167,6 +167,7 @@ class EntityDetector:
         self._since_fit = 0
         self.fits = 0
         self._below = 0          # consecutive windows below the threshold, up to the last one scored
+        self._drift = model.detector.drift(cfg.drift_windows) if model is not None else None
         self._last_end: int | None = None
         self.last_seen = 0.0     # when data of it last came, on the Detector's clock
 
@@ -178,6 +179,8 @@ class EntityDetector:
         self._since_fit = 0
         self.fits += 1
         det = self.model.detector
+        # A new model scores on its own scale: the drift it follows starts over.
+        self._drift = det.drift(self.cfg.drift_windows)
         # The label-free threshold is reported here, once per fit, not per window.
         log.info("%s model %d: %d windows, %d features, %d components (%s), threshold %.3f (%s)",
                  entity_label(self.windows.entity), self.fits, len(self.history),
@@ -198,12 +201,14 @@ class EntityDetector:
         x = vectorize([feats], names)
         score = float(det.score_samples(x)[0])
         # A run of windows below the threshold is broken by a normal window and by a gap.
-        below = score < det.threshold_
+        threshold, single = self._drift.current()
+        below = score < threshold
         self._below = (self._below + 1 if self._last_end == win.start_ns else 1) if below else 0
         self._last_end = win.end_ns
-        rule = det.rule(score, self._below, self.cfg.confirm_windows)
+        rule = det.rule_at(score, self._below, self.cfg.confirm_windows, threshold, single)
         anomalous = rule is not None
-        result = WindowResult(score=score, threshold=float(det.threshold_), anomalous=anomalous,
+        self._drift.observe(score, below)
+        result = WindowResult(score=score, threshold=float(threshold), anomalous=anomalous,
                               below=self._below, rule=rule, **base)
         if anomalous:
             result.top = _top_features(self.model, x, self.cfg.top_features)

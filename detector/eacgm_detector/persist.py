@@ -3,8 +3,9 @@
 A model file is a NumPy ``.npz`` archive of plain float arrays plus one JSON document
 (hyperparameters, feature names, threshold, window length, context windows). It is read with
 ``allow_pickle=False``, so a model file from an untrusted place can at worst be rejected,
-never run. Version 1 files (before context features) still load, with no context windows, and
-version 1 and 2 files with a single-window threshold that is the threshold.
+never run. Version 1 files (before context features) still load, with no context windows,
+version 1 and 2 files with a single-window threshold that is the threshold, and files before
+version 4 without the median held-out score (their threshold does not follow drift).
 """
 
 from __future__ import annotations
@@ -24,10 +25,11 @@ from eacgm_detector.context import base_name, check_windows
 from eacgm_detector.model import GMMDetector
 
 FORMAT = "eacgm-detector-model"
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 #: Versions ``load_model`` reads: 1 has no ``context_windows`` (its models used none), 1 and 2
-#: no ``single_threshold`` (it is then the threshold: every window below it is reported alone).
-READABLE_VERSIONS = (1, 2, 3)
+#: no ``single_threshold`` (it is then the threshold: every window below it is reported alone),
+#: 1 to 3 no ``holdout_median`` (the threshold then stays where the fit put it).
+READABLE_VERSIONS = (1, 2, 3, 4)
 _ARRAYS = ("fill_", "center_", "scale_", "bic_", "holdout_log_likelihood_")
 _MIXTURE_ARRAYS = ("weights_", "means_", "covariances_", "precisions_cholesky_", "precisions_")
 
@@ -72,6 +74,7 @@ def save_model(path: str | Path, model: SavedModel) -> None:
         "n_components": int(det.n_components_),
         "threshold": float(det.threshold_),
         "single_threshold": float(det.single_threshold_),
+        "holdout_median": float(det.holdout_median_),
         "threshold_method": det.threshold_method_,
         "window_s": model.window_s,
         "context_windows": list(check_windows(model.context_windows)),
@@ -155,6 +158,10 @@ def _restore(meta: dict, arrays: dict[str, np.ndarray]) -> SavedModel:
     det.single_threshold_ = det.threshold_ if meta["version"] < 3 else float(meta["single_threshold"])
     if not math.isfinite(det.single_threshold_):
         raise ValueError(f"single_threshold {det.single_threshold_!r} is not finite")
+    median = None if meta["version"] < 4 else meta.get("holdout_median")
+    if meta["version"] >= 4 and not (isinstance(median, (int, float)) and math.isfinite(median)):
+        raise ValueError(f"holdout_median {median!r} must be a finite number")
+    det.holdout_median_ = None if median is None else float(median)
     det.threshold_method_ = str(meta["threshold_method"])
     det.n_iter_ = 0
     window_s = meta.get("window_s")
