@@ -95,6 +95,7 @@ class ProgramOptions:
     uprobe_multi: bool = True  # one uprobe_multi link per group where the kernel has them (6.6+)
     follow_forks: bool = True
     gate_opens: bool = False
+    hold_forks: bool = False  # stop a target's new child until its scoped probes are linked
     ringbuf_pages: int = 1024
     agent_pid: int = dataclasses.field(default_factory=os.getpid)
 
@@ -114,6 +115,8 @@ class ProgramOptions:
                 flags.append("-DEACGM_FOLLOW_FORKS")
             if self.gate_opens:
                 flags.append("-DEACGM_GATE_OPENS")
+            if self.follow_forks and self.hold_forks:
+                flags.append("-DEACGM_HOLD_FORKS")
         return flags
 
 

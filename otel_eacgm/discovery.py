@@ -2,7 +2,9 @@
 
 A full /proc scan runs every scan_interval_s; a traced process that opens a watched library
 (the BPF open watch) is handled at once, while it is held (SIGSTOP, with gating) so its first
-call is traced, and rescanned a few times after, since the mmap follows the openat. An exec
+call is traced, and rescanned a few times after, since the mmap follows the openat. With probes
+scoped to processes, a traced process's new child is held the same way at its birth until its
+libraries are linked, and an exited process's links are closed. An exec
 makes a process another program; a process that is gone is forgotten. Each traced process gets
 its OTel resource and, while it lives, its symbol cache (launches named by host-stub symbol).
 """
@@ -133,6 +135,19 @@ class Discovery:
                 pass
         self._pending.extend((now + d, pid) for d in RESCAN_DELAYS_S)
 
+    def on_fork_held(self, rec: ExecEvent) -> None:
+        """A traced process's new child, stopped as it returned from the fork (probes scoped to
+        processes, bpf/calls/process.bpf.h): it maps what its parent mapped, with its parent's
+        breakpoints but none of its links. Link its libraries, then let it run: its first call is traced."""
+        pid = rec.pid
+        try:
+            self.scan({pid})
+        finally:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+
     def on_exec(self, rec: ExecEvent) -> None:
         """The process is another program now: kernel names resolved in its old image no
         longer hold, and a process the agent knew has its resource and memory map read again
@@ -163,6 +178,7 @@ class Discovery:
                 self.attacher.frames.forget(pid)
             self._kernel_names.forget(pid)
             self.symbols.forget(pid)
+            self.attacher.forget_process(pid)
             if self._on_gone is not None:
                 self._on_gone(pid, now)
 

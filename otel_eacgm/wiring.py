@@ -76,6 +76,7 @@ def build_agent(cfg: AgentConfig, command: Sequence[str] | None = None, *, dump_
     raise_open_file_limit()
     layers = frozenset(Layer(n) for n in cfg.layers)
     filtering = bool(cfg.pids or cfg.cgroup or command)
+    scoped = filtering and cfg.scoped_probes
     # Without OTLP (a `trace` run) metrics go nowhere: neither count calls nor start the sources.
     metered = cfg.otlp
     host = socket.gethostname()
@@ -84,7 +85,8 @@ def build_agent(cfg: AgentConfig, command: Sequence[str] | None = None, *, dump_
     rows = probe_rows(cfg)
     specs = dict(rows)  # slot -> spec; discovered operators join it
     program = CallProgram(ProgramOptions(filter_pids=filtering, ringbuf_pages=cfg.ringbuf_pages,
-                                         gate_opens=cfg.gate_opens if cfg.gate_opens is not None else bool(command),
+                                         gate_opens=cfg.gate_opens if cfg.gate_opens is not None
+                                         else bool(command) or scoped, hold_forks=scoped,
                                          uprobe_multi=cfg.uprobe_multi),
                           dump=print if dump_bpf else None)
     for slot, spec in rows:
@@ -98,7 +100,7 @@ def build_agent(cfg: AgentConfig, command: Sequence[str] | None = None, *, dump_
     code_reader = CodeReader()
     walkers = FrameWalkers(program, code_reader, cfg.python_frame_depth) if cfg.python_frames else None
     attacher = Attacher(program, links, rows, specs=specs, torch=torch, python=Layer.PYTHON in layers,
-                        python_pid_scoped=filtering, frames=walkers)
+                        python_pid_scoped=filtering, frames=walkers, scoped=scoped)
 
     # Runtime launches name their kernels by the host stub's symbol; driver launches by name records.
     symbols = ProcessSymbols(eager=Layer(cfg.launch_layer) is Layer.CUDA_RUNTIME)
