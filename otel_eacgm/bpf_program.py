@@ -96,6 +96,7 @@ class ProgramOptions:
     follow_forks: bool = True
     gate_opens: bool = False
     hold_forks: bool = False  # stop a target's new child until its scoped probes are linked
+    cgroup: tuple[int, int] | None = None  # (id, level) of the traced cgroup v2: new members join at library opens
     ringbuf_pages: int = 1024
     agent_pid: int = dataclasses.field(default_factory=os.getpid)
 
@@ -117,6 +118,8 @@ class ProgramOptions:
                 flags.append("-DEACGM_GATE_OPENS")
             if self.follow_forks and self.hold_forks:
                 flags.append("-DEACGM_HOLD_FORKS")
+            if self.cgroup is not None:
+                flags += [f"-DEACGM_CGROUP_ID={self.cgroup[0]}ULL", f"-DEACGM_CGROUP_LEVEL={self.cgroup[1]}"]
         return flags
 
 

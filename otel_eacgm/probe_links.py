@@ -182,9 +182,12 @@ class ProbeLinks:
         if not probes:
             return
         entry = self._groups.setdefault(group, _Attached(()))
-        if self._paused and not entry.handles:  # attached by resume(), if its kind is wanted then
+        wanted = self._kind_wanted.get(group.kind, True)
+        if (self._paused or not wanted) and not entry.handles:
+            # attached by resume() or reattach(), whichever comes last: a group new while its kind
+            # is detached by the guardrail (a new process's, with scoped probes) stays off with it
             if not entry.probes:
-                entry.wanted = self._kind_wanted.get(group.kind, True)
+                entry.wanted = wanted
             entry.probes += tuple(probes)
             return
         try:

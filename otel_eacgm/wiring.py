@@ -36,6 +36,7 @@ from otel_eacgm.perfetto import NullMetricExporter, PerfettoExporter, TeeSpanExp
 from otel_eacgm.pipeline import RecordPipeline
 from otel_eacgm.probe_links import ProbeLinks
 from otel_eacgm.probes.catalog import Layer, ProbeSpec, Role, enabled_rows
+from otel_eacgm.probes.libraries import cgroup_v2_identity
 from otel_eacgm.probes.python_usdt import Rule, compile_rules
 from otel_eacgm.pyframes.code_objects import CodeReader
 from otel_eacgm.pyframes.frame_spans import FrameSpans
@@ -87,6 +88,7 @@ def build_agent(cfg: AgentConfig, command: Sequence[str] | None = None, *, dump_
     program = CallProgram(ProgramOptions(filter_pids=filtering, ringbuf_pages=cfg.ringbuf_pages,
                                          gate_opens=cfg.gate_opens if cfg.gate_opens is not None
                                          else bool(command) or scoped, hold_forks=scoped,
+                                         cgroup=cgroup_v2_identity(Path(cfg.cgroup)) if cfg.cgroup else None,
                                          uprobe_multi=cfg.uprobe_multi),
                           dump=print if dump_bpf else None)
     for slot, spec in rows:

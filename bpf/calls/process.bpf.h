@@ -14,6 +14,22 @@ static __always_inline int traced(__u32 tgid)
 #endif
 }
 
+/* EACGM_CGROUP_ID: a process that joined the traced cgroup after the agent's last scan (a
+ * `docker exec`, a `systemd-run` into the scope) is no target yet; it becomes one here, where
+ * the library-open watch asks, so its open is gated and linked like a target's. */
+static __always_inline int joined_cgroup(__u32 tgid)
+{
+#if defined(EACGM_FILTER_PIDS) && defined(EACGM_CGROUP_ID)
+	if (tgid != EACGM_AGENT_PID &&
+	    bpf_get_current_ancestor_cgroup_id(EACGM_CGROUP_LEVEL) == (__u64)EACGM_CGROUP_ID) {
+		__u8 one = 1;
+		targets_update(&tgid, &one);
+		return 1;
+	}
+#endif
+	return 0;
+}
+
 /* Calls still open when their thread exits (the process was killed mid-call) must not vanish:
  * tell the agent how many frames the thread left in `inflight`; it reads them, reports them
  * as incomplete calls and frees them. */

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_run import PYTHON, REPO, agent_cmd, summary
+from agent_run import PYTHON, REPO, WORKLOAD, agent_cmd, summary
 from otel_eacgm.probes.elf import ElfFile
 
 pytestmark = pytest.mark.ebpf
@@ -203,3 +203,55 @@ def test_a_process_that_joins_the_cgroup_later_is_traced(pipeline, tmp_path: Pat
     assert {p: spans_of(pipeline.store, p) for p in family} == {p: CALLS for p in family}
     assert spans_of(pipeline.store, theirs) == 0
     assert counters["calls"] == CALLS * len(family)
+
+
+def test_a_new_cgroup_member_that_loads_the_library_is_traced_from_its_first_call(pipeline, tmp_path: Path,
+                                                                                  cgroup: Path) -> None:  # noqa: ANN001
+    """No scan comes to its rescue (one a minute): the library-open watch finds the member by its
+    cgroup, stops it on the open until linked, and every call is traced."""
+    load = tmp_path / "load"
+    plan = json.dumps([["cudaFree", CALLS]])
+    member = subprocess.Popen([PYTHON, WORKLOAD, plan], stdout=subprocess.PIPE, text=True,
+                              env=dict(os.environ, EACGM_LOAD_FILE=str(load)))
+    agent = Agent(pipeline.grpc_endpoint, "--cgroup", str(cgroup), env={"OTEL_EACGM_SCAN_INTERVAL_S": "60"})
+    try:
+        agent.wait_for(" ready: ")
+        (cgroup / "cgroup.procs").write_text(str(member.pid))
+        load.touch()
+        member.communicate(timeout=60)
+        assert member.returncode == 0
+        assert f"for pid {member.pid}" in agent.log()
+        assert pipeline.store.wait_for(lambda: spans_of(pipeline.store, member.pid) >= CALLS, 30), agent.log()[-3000:]
+    finally:
+        counters = agent.stop()
+    assert spans_of(pipeline.store, member.pid) == CALLS
+    assert counters["calls"] == CALLS
+
+
+def test_a_link_made_before_an_exec_fires_in_the_program_executed() -> None:
+    """The kernel property the exec path relies on: a link names the task, and its filter reads
+    the task's memory at the time, so a process linked before it executes a program that maps
+    the library is traced in that program (here a shell that becomes Python loading libcudart)."""
+    from otel_eacgm.bpf_program import CallProgram, ProgramOptions, Sampling, Tail  # noqa: PLC0415
+    from otel_eacgm.probe_links import Group, GroupKind, Probe, ProbeLinks  # noqa: PLC0415
+    from otel_eacgm.probes.catalog import CATALOG  # noqa: PLC0415
+
+    slot = next(i for i, s in enumerate(CATALOG) if s.symbol == "cudaFree")
+    program = CallProgram(ProgramOptions(filter_pids=False))
+    links = ProbeLinks(program)
+    try:
+        program.configure(slot, CATALOG[slot])
+        program.set_sampling(Sampling(ratio=0.0, slow_s=10.0, slice_s=1.0, resample_s=0.01, salt=1, statistics=True,
+                                      slice_max=0))
+        lib = cudart()
+        code = f"import ctypes; rt = ctypes.CDLL({lib!r}); [rt.cudaFree(ctypes.c_void_p(0x7000)) for _ in range({CALLS})]"
+        shell = subprocess.Popen(["sh", "-c", f'read go; exec {PYTHON} -c "{code}"'], stdin=subprocess.PIPE)
+        offset = program.resolve(lib, "cudaFree")
+        links.attach(Group(GroupKind.CALLS, lib, shell.pid), [Probe(offset, Tail.ENTRY, slot),
+                                                              Probe(offset, Tail.RETURN, slot, retprobe=True)])
+        shell.communicate(b"go\n", timeout=60)
+        assert shell.returncode == 0
+        assert {s.pid: s.count for s in program.call_stats() if s.probe_id == slot} == {shell.pid: CALLS}
+    finally:
+        links.release()
+        program.close()
