@@ -33,6 +33,7 @@ static __always_inline int targets_delete(__u32 *tgid) { return targets.delete(t
 static __always_inline __u8 *fork_holds_lookup(__u32 *pid) { return fork_holds.lookup(pid); }
 static __always_inline int fork_holds_update(__u32 *pid, __u8 *one) { return fork_holds.update(pid, one); }
 static __always_inline int fork_holds_delete(__u32 *pid) { return fork_holds.delete(pid); }
+static __always_inline __u32 *holds_off_lookup(int *zero) { return holds_off.lookup(zero); }
 static __always_inline __u64 *next_id_lookup(int *zero) { return next_id.lookup(zero); }
 static __always_inline __u32 *depths_lookup(__u32 *tid) { return depths.lookup(tid); }
 static __always_inline int depths_update(__u32 *tid, __u32 *depth) { return depths.update(tid, depth); }

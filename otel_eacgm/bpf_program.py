@@ -362,6 +362,11 @@ class CallProgram:
         for name in names:
             self._bpf._del_uprobe_fd(name)  # noqa: SLF001
 
+    def stop_holding(self) -> None:
+        """Stop no process any more (gated opens, held forks): the agent is ending, and a process
+        stopped after its last poll would wait for a SIGCONT that never comes."""
+        self._bpf["holds_off"][ctypes.c_int(0)] = ctypes.c_uint32(1)
+
     def add_target(self, pid: int) -> None:
         """Trace this tgid (only meaningful when compiled with filter_pids)."""
         table = self._bpf["targets"]

@@ -72,7 +72,7 @@ static __always_inline int open_exited(const long *ret)
 			ev->pid = tgid;
 			bpf_probe_read_kernel(ev->path, sizeof(ev->path), p->path);
 #ifdef EACGM_GATE_OPENS
-			if (bpf_send_signal(SIGSTOP_NUM) == 0)
+			if (may_hold() && bpf_send_signal(SIGSTOP_NUM) == 0)
 				ev->gated = 1;
 #endif
 			events_submit(ev);

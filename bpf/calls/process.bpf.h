@@ -3,6 +3,15 @@
 #ifndef EACGM_CALLS_PROCESS_BPF_H
 #define EACGM_CALLS_PROCESS_BPF_H
 
+/* Whether a process may be stopped for the agent (a gated open, a held fork): not once the
+ * agent is ending (CallProgram.stop_holding), when no one would send it SIGCONT. */
+static __always_inline int may_hold(void)
+{
+	int zero = 0;
+	__u32 *off = holds_off_lookup(&zero);
+	return !off || !*off;
+}
+
 static __always_inline int traced(__u32 tgid)
 {
 	if (tgid == EACGM_AGENT_PID)
@@ -137,7 +146,8 @@ static __always_inline int fork_returned(void)
 	ev->type = EACGM_EVENT_FORK_HELD;
 	ev->pad0[0] = ev->pad0[1] = ev->pad0[2] = 0;
 	ev->pid = tid;
-	bpf_send_signal(SIGSTOP_SIGNAL);  /* if it fails, the agent links it all the same, running */
+	if (may_hold())
+		bpf_send_signal(SIGSTOP_SIGNAL);  /* if it fails, the agent links it all the same, running */
 	events_submit(ev);
 	return 0;
 }

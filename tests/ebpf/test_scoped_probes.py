@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import threading
 import time
@@ -254,4 +255,44 @@ def test_a_link_made_before_an_exec_fires_in_the_program_executed() -> None:
         assert {s.pid: s.count for s in program.call_stats() if s.probe_id == slot} == {shell.pid: CALLS}
     finally:
         links.release()
+        program.close()
+
+
+def test_a_fork_is_held_until_continued_and_never_once_the_agent_is_ending() -> None:
+    """The hold itself (bpf/calls/process.bpf.h): a traced process's child stops at its birth and
+    is announced; once the agent is ending (stop_holding) a child is announced but not stopped,
+    since no one would continue it."""
+    from otel_eacgm.bpf_program import CallProgram, ProgramOptions  # noqa: PLC0415
+    from otel_eacgm.events import EventType, decode  # noqa: PLC0415
+
+    forker = subprocess.Popen([PYTHON, "-c", "import os, sys, time\nfor line in sys.stdin:\n    pid = os.fork()\n"
+                               "    if pid == 0:\n        time.sleep(1.0)\n        os._exit(0)\n"
+                               "    print(pid, flush=True)\n    os.waitpid(pid, 0)\n"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    program = CallProgram(ProgramOptions(filter_pids=True, hold_forks=True))
+    held: list[int] = []
+    program.open_ring(lambda data, size: held.extend([rec.pid for kind, rec in [decode(data, size)]
+                                                      if kind is EventType.FORK_HELD]))
+    try:
+        program.add_target(forker.pid)
+
+        def fork() -> tuple[int, str]:
+            forker.stdin.write("\n")
+            forker.stdin.flush()
+            child = int(forker.stdout.readline())
+            deadline = time.monotonic() + 10
+            while child not in held and time.monotonic() < deadline:
+                program.poll(100)
+            time.sleep(0.2)
+            return child, Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+        child, state = fork()
+        assert child in held and state == "T"
+        os.kill(child, signal.SIGCONT)
+        program.stop_holding()
+        child, state = fork()
+        assert child in held and state in ("S", "R")
+    finally:
+        forker.stdin.close()
+        forker.wait(30)
         program.close()
