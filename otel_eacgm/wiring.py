@@ -6,6 +6,7 @@ metrics, guardrail, self-telemetry). Nothing here runs; Agent.run does (agent.py
 from __future__ import annotations
 
 import dataclasses
+import logging
 import socket
 import time
 from collections.abc import Sequence
@@ -17,7 +18,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from otel_eacgm import __version__
 from otel_eacgm.agent import Agent, raise_open_file_limit
 from otel_eacgm.attach import Attacher, TorchSelection
-from otel_eacgm.bpf_program import CallProgram, ProgramOptions, Sampling
+from otel_eacgm.bpf_program import BpfError, CallProgram, ProgramOptions, Sampling, uprobe_multi_usable
 from otel_eacgm.call_stats_reader import CallStatsReader
 from otel_eacgm.clock import EpochClock
 from otel_eacgm.config import AgentConfig
@@ -47,6 +48,8 @@ from otel_eacgm.shaping import TraceShaper
 from otel_eacgm.spans import SpanBuilder, error_type
 from otel_eacgm.telemetry import AgentTelemetry
 
+log = logging.getLogger(__name__)
+
 
 def probe_rows(cfg: AgentConfig) -> list[tuple[int, ProbeSpec]]:
     """The catalog rows (slot, spec) of the configured layers; launches with returns if asked."""
@@ -71,13 +74,28 @@ def _targets(cfg: AgentConfig, command: Sequence[str]) -> str:
     return "targets " + (",".join(map(str, cfg.pids)) or cfg.cgroup or "command")
 
 
+def _links_per_process(cfg: AgentConfig) -> bool:
+    """Whether probes can be scoped to processes at a bearable cost: with uprobe_multi links
+    (kernel 6.6+), one link per group and process, released at once. Perf events would take one
+    event per probe and process, each released with its own kernel synchronisation (about
+    0.1 s): seconds of the agent's loop for every exited child."""
+    try:
+        usable = cfg.uprobe_multi and uprobe_multi_usable()
+    except BpfError:
+        usable = False
+    if not usable:
+        log.info("probes stay on the library files (scoped_probes needs uprobe_multi links, kernel 6.6+): "
+                 "processes outside the scope that map them take their traps")
+    return usable
+
+
 def build_agent(cfg: AgentConfig, command: Sequence[str] | None = None, *, dump_bpf: bool = False) -> Agent:
     """Load the BPF program and build the agent for `cfg` (and `command`, launched and traced)."""
     command = list(command or [])
     raise_open_file_limit()
     layers = frozenset(Layer(n) for n in cfg.layers)
     filtering = bool(cfg.pids or cfg.cgroup or command)
-    scoped = filtering and cfg.scoped_probes
+    scoped = filtering and cfg.scoped_probes and _links_per_process(cfg)
     # Without OTLP (a `trace` run) metrics go nowhere: neither count calls nor start the sources.
     metered = cfg.otlp
     host = socket.gethostname()
