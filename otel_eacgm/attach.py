@@ -109,16 +109,14 @@ class Attacher:
         try:
             failed = self._link(lib.path, plan, scope)
         except ProcessGone as exc:
-            self._linked.discard((lib.file_key, scope))
-            self._links.forget_process(scope)
+            self.forget_process(scope)
             self.short_lived.note(pid, lib.path, exc)
             return 0
         added = self._links.probe_count - before
         if failed:
             self.failed[lib.path] = sorted(set(self.failed.get(lib.path, [])) | set(failed))
-        if first:
-            if plan.operators is not None:
-                self.torch_ops[lib.path] = plan.operators - len(failed)
+        if first and plan.operators is not None:
+            self.torch_ops[lib.path] = plan.operators - len(failed)
         log.log(logging.INFO if first else logging.DEBUG, "attached %d probes to %s (%s)%s", added, lib.path,
                 plan.label, f" for pid {pid}" if scope != -1 else "")
         return added
