@@ -30,6 +30,10 @@ static __always_inline __u32 *cycle_gap_lookup(int *zero) { return cycle_gap.loo
 static __always_inline __u8 *targets_lookup(__u32 *tgid) { return targets.lookup(tgid); }
 static __always_inline int targets_update(__u32 *tgid, __u8 *one) { return targets.update(tgid, one); }
 static __always_inline int targets_delete(__u32 *tgid) { return targets.delete(tgid); }
+static __always_inline __u8 *fork_holds_lookup(__u32 *pid) { return fork_holds.lookup(pid); }
+static __always_inline int fork_holds_update(__u32 *pid, __u8 *one) { return fork_holds.update(pid, one); }
+static __always_inline int fork_holds_delete(__u32 *pid) { return fork_holds.delete(pid); }
+static __always_inline __u32 *holds_off_lookup(int *zero) { return holds_off.lookup(zero); }
 static __always_inline __u64 *next_id_lookup(int *zero) { return next_id.lookup(zero); }
 static __always_inline __u32 *depths_lookup(__u32 *tid) { return depths.lookup(tid); }
 static __always_inline int depths_update(__u32 *tid, __u32 *depth) { return depths.update(tid, depth); }
@@ -75,6 +79,12 @@ TRACEPOINT_PROBE(sched, sched_process_exit) { return thread_exited(); }
 TRACEPOINT_PROBE(sched, sched_process_exec) { return program_executed(); }
 #if defined(EACGM_FILTER_PIDS) && defined(EACGM_FOLLOW_FORKS)
 TRACEPOINT_PROBE(sched, sched_process_fork) { return forked(&args->child_pid); }
+#endif
+#if defined(EACGM_FILTER_PIDS) && defined(EACGM_FOLLOW_FORKS) && defined(EACGM_HOLD_FORKS)
+TRACEPOINT_PROBE(task, task_newtask) { return fork_noted(&args->pid, &args->clone_flags); }
+TRACEPOINT_PROBE(syscalls, sys_exit_clone) { return fork_returned(); }
+TRACEPOINT_PROBE(syscalls, sys_exit_clone3) { return fork_returned(); }
+TRACEPOINT_PROBE(syscalls, sys_exit_fork) { return fork_returned(); }
 #endif
 TRACEPOINT_PROBE(syscalls, sys_enter_openat) { return open_entered(&args->filename); }
 TRACEPOINT_PROBE(syscalls, sys_exit_openat) { return open_exited(&args->ret); }

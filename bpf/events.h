@@ -32,6 +32,7 @@ enum eacgm_event_type {
 	EACGM_EVENT_PY_CALL = 5,   /* struct py_call_event */
 	EACGM_EVENT_EXEC = 6,      /* struct exec_event */
 	EACGM_EVENT_PY_STACK = 7,  /* struct py_stack_event */
+	EACGM_EVENT_FORK_HELD = 8, /* struct exec_event: a new child, stopped until its probes are linked */
 };
 
 

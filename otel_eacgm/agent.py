@@ -143,6 +143,9 @@ class Agent:
         self.discovery.scan({pid})
 
     def _finish(self) -> int:
+        # No process is stopped for the agent from now on; those already stopped are in the
+        # ring buffer, and the drain below lets them go.
+        self.program.stop_holding()
         # Drain what the kernel still holds (the child's last calls, its thread exits).
         for _ in range(3):
             while self.program.poll(50) >= POLL_BATCH:

@@ -95,6 +95,8 @@ class ProgramOptions:
     uprobe_multi: bool = True  # one uprobe_multi link per group where the kernel has them (6.6+)
     follow_forks: bool = True
     gate_opens: bool = False
+    hold_forks: bool = False  # stop a target's new child until its scoped probes are linked
+    cgroup: tuple[int, int] | None = None  # (id, level) of the traced cgroup v2: new members join at library opens
     ringbuf_pages: int = 1024
     agent_pid: int = dataclasses.field(default_factory=os.getpid)
 
@@ -114,6 +116,10 @@ class ProgramOptions:
                 flags.append("-DEACGM_FOLLOW_FORKS")
             if self.gate_opens:
                 flags.append("-DEACGM_GATE_OPENS")
+            if self.follow_forks and self.hold_forks:
+                flags.append("-DEACGM_HOLD_FORKS")
+            if self.cgroup is not None:
+                flags += [f"-DEACGM_CGROUP_ID={self.cgroup[0]}ULL", f"-DEACGM_CGROUP_LEVEL={self.cgroup[1]}"]
         return flags
 
 
@@ -355,6 +361,11 @@ class CallProgram:
         """Forget perf-event uprobes whose fds were closed elsewhere (a releasing child holds them)."""
         for name in names:
             self._bpf._del_uprobe_fd(name)  # noqa: SLF001
+
+    def stop_holding(self) -> None:
+        """Stop no process any more (gated opens, held forks): the agent is ending, and a process
+        stopped after its last poll would wait for a SIGCONT that never comes."""
+        self._bpf["holds_off"][ctypes.c_int(0)] = ctypes.c_uint32(1)
 
     def add_target(self, pid: int) -> None:
         """Trace this tgid (only meaningful when compiled with filter_pids)."""

@@ -74,7 +74,12 @@ class AgentConfig(Settings):
     scan_interval_s: float = 2.0
     """Full /proc scan for newly mapped libraries (opens of watched libraries trigger a scan at once)."""
     gate_opens: bool | None = None
-    """Stop a target that opens a watched library until its probes are attached (default: on with -- COMMAND)."""
+    """Stop a target that opens a watched library until its probes are attached (default: on with -- COMMAND
+    or scoped_probes)."""
+    scoped_probes: bool = True
+    """With --pid, --cgroup or -- COMMAND: link probes per traced process, so that processes outside the
+    scope that map the same library take no trap (new children are held at birth until linked); false:
+    probes on the library file, every process mapping it traps. Node-wide tracing is always file-wide."""
 
     # PyTorch operators and Python functions (docs/tracing-layers.md)
     torch_include: list[str] = dataclasses.field(default_factory=lambda: list(torch_ops.DEFAULT_INCLUDE))

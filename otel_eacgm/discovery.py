@@ -2,7 +2,9 @@
 
 A full /proc scan runs every scan_interval_s; a traced process that opens a watched library
 (the BPF open watch) is handled at once, while it is held (SIGSTOP, with gating) so its first
-call is traced, and rescanned a few times after, since the mmap follows the openat. An exec
+call is traced, and rescanned a few times after, since the mmap follows the openat. With probes
+scoped to processes, a traced process's new child is held the same way at its birth until its
+libraries are linked, and an exited process's links are closed. An exec
 makes a process another program; a process that is gone is forgotten. Each traced process gets
 its OTel resource and, while it lives, its symbol cache (launches named by host-stub symbol).
 """
@@ -21,7 +23,6 @@ from otel_eacgm.attach import Attacher
 from otel_eacgm.bpf_program import CallProgram
 from otel_eacgm.events import ExecEvent, LibOpenEvent
 from otel_eacgm.kernel_names import KernelNames
-from otel_eacgm.probes.catalog import Family
 from otel_eacgm.probes.libraries import all_pids, cgroup_pids, family_of, libraries_of, resolve
 from otel_eacgm.process_symbols import ProcessSymbols
 from otel_eacgm.resources import process_resource
@@ -30,6 +31,15 @@ log = logging.getLogger(__name__)
 
 RESCAN_DELAYS_S = (0.0, 0.05, 0.3, 1.0)
 """Rescans of a process after it opened a watched library: the mmap follows the openat."""
+
+
+def start_time(pid: int) -> int | None:
+    """When `pid` started (clock ticks after boot, /proc/PID/stat field 22); None once it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
 
 
 class Discovery:
@@ -55,6 +65,7 @@ class Discovery:
         self._on_gone = on_gone
         self._resources: dict[int, Resource] = {}
         self._pending: list[tuple[float, int]] = []  # (when, pid) rescans after a library open
+        self._started: dict[int, int] = {}  # pid -> its start time (clock ticks after boot) when scanned
 
     def resource_for(self, pid: int) -> Resource:
         """The OTel resource of a traced process, read once (and again after an exec)."""
@@ -75,11 +86,13 @@ class Discovery:
         return pid in self._program.targets()
 
     def scan(self, pids: set[int]) -> None:
-        """Attach to the watched libraries these processes map (once per file)."""
+        """Attach to the watched libraries these processes map (once per file; scoped, once per
+        file and process)."""
         me = os.getpid()
         for pid in pids:
             if pid == me:
                 continue
+            self._check_same_process(pid)
             libs = libraries_of(pid)
             if libs:
                 self.resource_for(pid)
@@ -90,6 +103,17 @@ class Discovery:
         """The periodic full scan: every candidate process, then forget those gone."""
         self.scan(self._candidates())
         self._prune(now)
+
+    def _check_same_process(self, pid: int) -> None:
+        """A pid that exited and came back between two scans is another process: the links,
+        resource and symbols of the one that exited must not stand for it (scoped links name a
+        task, and would never fire in the new one)."""
+        started = start_time(pid)
+        before = self._started.get(pid)
+        if before is not None and started is not None and started != before:
+            self._forget(pid)
+        if started is not None:
+            self._started[pid] = started
 
     def rescan_due(self, now: float) -> None:
         """Rescan processes whose library open is due for it; read their maps while they live."""
@@ -120,18 +144,30 @@ class Discovery:
             lib = resolve(pid, os.path.normpath(path), family)
             if lib is not None:
                 self.attacher.ensure(lib, pid)
-        if self.attacher.frames is not None:
-            # The interpreter was mapped at start, before this library: its frames are read from
-            # the first call the new library's probes see (libpython's own open came before its mmap).
-            for mapped in libraries_of(pid):
-                if mapped.family is Family.PYTHON:
-                    self.attacher.ensure(mapped, pid)
+        # What it mapped before is linked too while it is held: a process new to the scope (a
+        # cgroup member, a program just executed) has no file linked yet with scoped probes, and
+        # an interpreter mapped at start has its frames read from the first call the new
+        # library's probes see (libpython's own open came before its mmap).
+        self.scan({pid})
         if rec.gated:
             try:
                 os.kill(pid, signal.SIGCONT)
             except ProcessLookupError:
                 pass
         self._pending.extend((now + d, pid) for d in RESCAN_DELAYS_S)
+
+    def on_fork_held(self, rec: ExecEvent) -> None:
+        """A traced process's new child, stopped as it returned from the fork (probes scoped to
+        processes, bpf/calls/process.bpf.h): it maps what its parent mapped, with its parent's
+        breakpoints but none of its links. Link its libraries, then let it run: its first call is traced."""
+        pid = rec.pid
+        try:
+            self.scan({pid})
+        finally:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
 
     def on_exec(self, rec: ExecEvent) -> None:
         """The process is another program now: kernel names resolved in its old image no
@@ -158,13 +194,20 @@ class Discovery:
 
     def _prune(self, now: float) -> None:
         for pid in [p for p in self._resources if not os.path.exists(f"/proc/{p}")]:
-            del self._resources[pid]
-            if self.attacher.frames is not None:
-                self.attacher.frames.forget(pid)
-            self._kernel_names.forget(pid)
-            self.symbols.forget(pid)
+            self._forget(pid)
             if self._on_gone is not None:
                 self._on_gone(pid, now)
+        for pid in [p for p in self._started if p not in self._resources]:
+            del self._started[pid]
+
+    def _forget(self, pid: int) -> None:
+        """Forget a process that exited: its resource, symbols, frames and (scoped) links."""
+        self._resources.pop(pid, None)
+        if self.attacher.frames is not None:
+            self.attacher.frames.forget(pid)
+        self._kernel_names.forget(pid)
+        self.symbols.forget(pid)
+        self.attacher.forget_process(pid)
 
     def start(self) -> None:
         """The first scan, before the loop."""

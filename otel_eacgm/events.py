@@ -37,6 +37,7 @@ class EventType(enum.IntEnum):
     PY_CALL = 5
     EXEC = 6
     PY_STACK = 7
+    FORK_HELD = 8  # struct exec_event: a child stopped at its birth until its probes are linked
 
 
 class PyWalk(enum.IntEnum):
@@ -238,6 +239,7 @@ EVENT_STRUCTS: dict[EventType, type[ctypes.Structure]] = {
     EventType.PY_CALL: PyCallEvent,
     EventType.EXEC: ExecEvent,
     EventType.PY_STACK: PyStackEvent,
+    EventType.FORK_HELD: ExecEvent,
 }
 
 

@@ -50,6 +50,7 @@ class RecordPipeline:
             EventType.THREAD_EXIT: self._on_thread_exit,
             EventType.LIB_OPEN: self._on_library_open,
             EventType.EXEC: self._on_exec,
+            EventType.FORK_HELD: self._on_fork_held,
             EventType.PY_STACK: self._on_python_stack,
         }
 
@@ -110,3 +111,6 @@ class RecordPipeline:
 
     def _on_exec(self, rec: ExecEvent) -> None:
         self._discovery.on_exec(rec)
+
+    def _on_fork_held(self, rec: ExecEvent) -> None:
+        self._discovery.on_fork_held(rec)

@@ -182,9 +182,12 @@ class ProbeLinks:
         if not probes:
             return
         entry = self._groups.setdefault(group, _Attached(()))
-        if self._paused and not entry.handles:  # attached by resume(), if its kind is wanted then
+        wanted = self._kind_wanted.get(group.kind, True)
+        if (self._paused or not wanted) and not entry.handles:
+            # attached by resume() or reattach(), whichever comes last: a group new while its kind
+            # is detached by the guardrail (a new process's, with scoped probes) stays off with it
             if not entry.probes:
-                entry.wanted = self._kind_wanted.get(group.kind, True)
+                entry.wanted = wanted
             entry.probes += tuple(probes)
             return
         try:
@@ -281,6 +284,22 @@ class ProbeLinks:
         if entry is not None:
             self._close_handles(entry.handles)
 
+    def forget_process(self, pid: int) -> int:
+        """Close the links scoped to `pid` (it exited: a link holds its task and its probes'
+        registrations in the kernel until closed); returns the probes they held."""
+        groups = [group for group in self._groups if group.pid == pid and pid != -1]
+        n = 0
+        for group in groups:
+            entry = self._groups.pop(group)
+            n += len(entry.probes)
+            self._close_handles(entry.handles)
+        return n
+
+    @property
+    def link_count(self) -> int:
+        """Handles held now: uprobe_multi link fds, or perf events."""
+        return sum(len(entry.handles) for entry in self._groups.values())
+
     def detach(self, kind: GroupKind) -> Detached:
         """Detach every group of `kind` (the guardrail's off phase): what was taken off, and when
         it stopped firing. A probe stops as soon as its breakpoint is removed, which comes first;
@@ -303,6 +322,7 @@ class ProbeLinks:
         self._closer.drain()
         self._kind_wanted[kind] = True
         n = 0
+        gone = []
         for group, entry in self._groups.items():
             if group.kind is not kind:
                 continue
@@ -312,8 +332,12 @@ class ProbeLinks:
                     entry.handles, attached = self._attach_now(group, entry.probes)
                     entry.probes = tuple(attached)
                     n += len(attached)
+                except ProcessGone:  # a process-scoped group whose process exited while detached
+                    gone.append(group)
                 except BpfError as exc:
                     log.warning("re-attaching %s probes of %s failed: %s", kind.value, group.path, exc)
+        for group in gone:
+            del self._groups[group]
         return n
 
     def pause(self) -> int:

@@ -6,6 +6,7 @@ metrics, guardrail, self-telemetry). Nothing here runs; Agent.run does (agent.py
 from __future__ import annotations
 
 import dataclasses
+import logging
 import socket
 import time
 from collections.abc import Sequence
@@ -17,7 +18,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from otel_eacgm import __version__
 from otel_eacgm.agent import Agent, raise_open_file_limit
 from otel_eacgm.attach import Attacher, TorchSelection
-from otel_eacgm.bpf_program import CallProgram, ProgramOptions, Sampling
+from otel_eacgm.bpf_program import BpfError, CallProgram, ProgramOptions, Sampling, uprobe_multi_usable
 from otel_eacgm.call_stats_reader import CallStatsReader
 from otel_eacgm.clock import EpochClock
 from otel_eacgm.config import AgentConfig
@@ -36,6 +37,7 @@ from otel_eacgm.perfetto import NullMetricExporter, PerfettoExporter, TeeSpanExp
 from otel_eacgm.pipeline import RecordPipeline
 from otel_eacgm.probe_links import ProbeLinks
 from otel_eacgm.probes.catalog import Layer, ProbeSpec, Role, enabled_rows
+from otel_eacgm.probes.libraries import cgroup_v2_identity
 from otel_eacgm.probes.python_usdt import Rule, compile_rules
 from otel_eacgm.pyframes.code_objects import CodeReader
 from otel_eacgm.pyframes.frame_spans import FrameSpans
@@ -45,6 +47,8 @@ from otel_eacgm.process_symbols import ProcessSymbols
 from otel_eacgm.shaping import TraceShaper
 from otel_eacgm.spans import SpanBuilder, error_type
 from otel_eacgm.telemetry import AgentTelemetry
+
+log = logging.getLogger(__name__)
 
 
 def probe_rows(cfg: AgentConfig) -> list[tuple[int, ProbeSpec]]:
@@ -70,12 +74,28 @@ def _targets(cfg: AgentConfig, command: Sequence[str]) -> str:
     return "targets " + (",".join(map(str, cfg.pids)) or cfg.cgroup or "command")
 
 
+def _links_per_process(cfg: AgentConfig) -> bool:
+    """Whether probes can be scoped to processes at a bearable cost: with uprobe_multi links
+    (kernel 6.6+), one link per group and process, released at once. Perf events would take one
+    event per probe and process, each released with its own kernel synchronisation (about
+    0.1 s): seconds of the agent's loop for every exited child."""
+    try:
+        usable = cfg.uprobe_multi and uprobe_multi_usable()
+    except BpfError:
+        usable = False
+    if not usable:
+        log.info("probes stay on the library files (scoped_probes needs uprobe_multi links, kernel 6.6+): "
+                 "processes outside the scope that map them take their traps")
+    return usable
+
+
 def build_agent(cfg: AgentConfig, command: Sequence[str] | None = None, *, dump_bpf: bool = False) -> Agent:
     """Load the BPF program and build the agent for `cfg` (and `command`, launched and traced)."""
     command = list(command or [])
     raise_open_file_limit()
     layers = frozenset(Layer(n) for n in cfg.layers)
     filtering = bool(cfg.pids or cfg.cgroup or command)
+    scoped = filtering and cfg.scoped_probes and _links_per_process(cfg)
     # Without OTLP (a `trace` run) metrics go nowhere: neither count calls nor start the sources.
     metered = cfg.otlp
     host = socket.gethostname()
@@ -84,7 +104,9 @@ def build_agent(cfg: AgentConfig, command: Sequence[str] | None = None, *, dump_
     rows = probe_rows(cfg)
     specs = dict(rows)  # slot -> spec; discovered operators join it
     program = CallProgram(ProgramOptions(filter_pids=filtering, ringbuf_pages=cfg.ringbuf_pages,
-                                         gate_opens=cfg.gate_opens if cfg.gate_opens is not None else bool(command),
+                                         gate_opens=cfg.gate_opens if cfg.gate_opens is not None
+                                         else bool(command) or scoped, hold_forks=scoped,
+                                         cgroup=cgroup_v2_identity(Path(cfg.cgroup)) if cfg.cgroup else None,
                                          uprobe_multi=cfg.uprobe_multi),
                           dump=print if dump_bpf else None)
     for slot, spec in rows:
@@ -98,7 +120,7 @@ def build_agent(cfg: AgentConfig, command: Sequence[str] | None = None, *, dump_
     code_reader = CodeReader()
     walkers = FrameWalkers(program, code_reader, cfg.python_frame_depth) if cfg.python_frames else None
     attacher = Attacher(program, links, rows, specs=specs, torch=torch, python=Layer.PYTHON in layers,
-                        python_pid_scoped=filtering, frames=walkers)
+                        python_pid_scoped=filtering, frames=walkers, scoped=scoped)
 
     # Runtime launches name their kernels by the host stub's symbol; driver launches by name records.
     symbols = ProcessSymbols(eager=Layer(cfg.launch_layer) is Layer.CUDA_RUNTIME)

@@ -11,6 +11,12 @@
  *   EACGM_FOLLOW_FORKS   children of a traced process are traced too (with EACGM_FILTER_PIDS)
  *   EACGM_GATE_OPENS     stop a traced process that opened a watched library until the agent
  *                        has attached to it (the agent sends SIGCONT)
+ *   EACGM_HOLD_FORKS     stop a traced process's new child (a fork, not a thread or vfork) as it
+ *                        returns from the fork, before its first instruction, until the agent
+ *                        has linked its probes (probes scoped to processes; SIGCONT)
+ *   EACGM_CGROUP_ID, EACGM_CGROUP_LEVEL  with EACGM_FILTER_PIDS and --cgroup (v2): a process of
+ *                        that cgroup (id, at that depth of the hierarchy) or a descendant that is
+ *                        no target yet becomes one when it opens a watched library (a new member)
  */
 #ifndef EACGM_CALLS_KNOBS_BPF_H
 #define EACGM_CALLS_KNOBS_BPF_H

@@ -44,7 +44,7 @@ static __always_inline int open_entered(const char *const *filename)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	__u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
-	if (!traced(tgid))
+	if (!traced(tgid) && !joined_cgroup(tgid))
 		return 0;
 	int zero = 0;
 	struct open_path *p = scratch_lookup(&zero);
@@ -72,7 +72,7 @@ static __always_inline int open_exited(const long *ret)
 			ev->pid = tgid;
 			bpf_probe_read_kernel(ev->path, sizeof(ev->path), p->path);
 #ifdef EACGM_GATE_OPENS
-			if (bpf_send_signal(SIGSTOP_NUM) == 0)
+			if (may_hold() && bpf_send_signal(SIGSTOP_NUM) == 0)
 				ev->gated = 1;
 #endif
 			events_submit(ev);

@@ -21,6 +21,10 @@ BPF_ARRAY(cycle_gap, __u32, 1);
 
 /* Process targets (EACGM_FILTER_PIDS): the agent adds tgids, forks add children, exits remove. */
 BPF_HASH(targets, __u32, __u8, 65536);
+/* EACGM_HOLD_FORKS: children of a traced process, to be stopped when they return from the fork. */
+BPF_HASH(fork_holds, __u32, __u8, 4096);
+/* 1 once the agent is ending: nothing is stopped any more (gated opens, held forks), since no one would continue it. */
+BPF_ARRAY(holds_off, __u32, 1);
 
 /* Open calls: each thread's stack depth and its frames; call ids count up from 1. */
 BPF_ARRAY(next_id, __u64, 1);

@@ -100,6 +100,24 @@ def all_pids(proc: Path = Path("/proc")) -> Iterator[int]:
             yield int(entry.name)
 
 
+def cgroup_v2_identity(cgroup_dir: Path, mountinfo: Path = Path("/proc/self/mountinfo")) -> tuple[int, int] | None:
+    """(id, level) of a cgroup v2 directory as BPF's bpf_get_current_ancestor_cgroup_id sees
+    it: its inode number, and its depth below the cgroup2 mount's root (0: the root). None where
+    the directory is not on a cgroup2 mount (cgroup v1)."""
+    path = os.path.realpath(cgroup_dir)
+    best = ""
+    for line in mountinfo.read_text().splitlines():
+        fields = line.split()
+        sep = fields.index("-")
+        mount, fstype = fields[4], fields[sep + 1]
+        if fstype == "cgroup2" and (path == mount or path.startswith(mount.rstrip("/") + "/")) and len(mount) > len(best):
+            best = mount
+    if not best:
+        return None
+    level = len([part for part in os.path.relpath(path, best).split("/") if part not in ("", ".")])
+    return os.stat(path).st_ino, level
+
+
 def cgroup_pids(cgroup_dir: Path) -> set[int]:
     """Processes in a cgroup v2 directory and all its descendants."""
     pids: set[int] = set()

@@ -52,3 +52,31 @@ def test_probes_of_an_exited_process_are_counted_not_errors(caplog: pytest.LogCa
     finally:
         links.release()
         program.close()
+
+
+def test_scoped_catalog_probes_of_an_exited_process_are_counted_and_leave_no_link() -> None:
+    """Scoped probes: a child gone before its libraries are linked (a held fork that was killed)
+    is counted like the Python layer's, and the links made for it before the refusal are closed."""
+    from otel_eacgm.probes.catalog import CATALOG  # noqa: PLC0415
+    from otel_eacgm.probes.libraries import MappedLibrary  # noqa: PLC0415
+
+    import nvidia.cu13  # noqa: PLC0415
+
+    path = os.path.realpath(os.path.join(list(nvidia.cu13.__path__)[0], "lib", "libcudart.so.13"))
+    st = os.stat(path)
+    lib = MappedLibrary(path=path, family=Family.CUDART, file_key=(st.st_dev, st.st_ino))
+    program = CallProgram(ProgramOptions(filter_pids=True))
+    links = ProbeLinks(program)
+    rows = [(slot, spec) for slot, spec in enumerate(CATALOG) if spec.family is Family.CUDART]
+    attacher = Attacher(program, links, rows, scoped=True)
+    try:
+        assert attacher.ensure(lib, exited_pid()) == 0
+        assert attacher.short_lived.count == 1
+        assert (links.probe_count, links.link_count, attacher.failed) == (0, 0, {})
+        assert attacher.ensure(lib, os.getpid()) > 0  # a live process is linked
+        assert links.link_count > 0
+        assert attacher.forget_process(os.getpid()) > 0
+        assert (links.probe_count, links.link_count) == (0, 0)
+    finally:
+        links.release()
+        program.close()
