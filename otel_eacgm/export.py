@@ -246,20 +246,28 @@ class SpanQueue:
         self._closing = False
         self.enqueued = 0
         self.exported = 0
-        self.dropped = 0
+        self._dropped_full = 0  # counted by the producer (put) only
+        self._dropped_failed = 0  # counted by the export thread (and close, after it) only
         self.export_failures = 0
         self._thread = threading.Thread(target=self._run, name="otel-eacgm-export", daemon=True)
         self._thread.start()
 
+    @property
+    def dropped(self) -> int:
+        """Spans dropped: the queue was full, or their export failed."""
+        return self._dropped_full + self._dropped_failed
+
     def put(self, span: CallSpan) -> None:
-        """Queue one span (never blocks)."""
-        with self._cond:
-            if len(self._queue) >= self._max:
-                self.dropped += 1
-                return
-            self._queue.append(span)
-            self.enqueued += 1
-            if len(self._queue) >= self._batch:
+        """Queue one span (never blocks). No lock per span: a deque's append and popleft are
+        atomic, each counter has one writer, and the export thread is woken once per batch."""
+        queue = self._queue
+        if len(queue) >= self._max:
+            self._dropped_full += 1
+            return
+        queue.append(span)
+        self.enqueued += 1
+        if len(queue) % self._batch == 0:
+            with self._cond:
                 self._cond.notify()
 
     def __len__(self) -> int:
@@ -279,7 +287,7 @@ class SpanQueue:
             self.exported += len(batch)
         else:
             self.export_failures += 1
-            self.dropped += len(batch)
+            self._dropped_failed += len(batch)
             log.warning("span export failed: %d spans dropped (%d so far)", len(batch), self.dropped)
             if self._on_failure is not None:
                 self._on_failure()
@@ -306,7 +314,7 @@ class SpanQueue:
         self._thread.join(timeout_s)
         with self._cond:
             if self._queue:
-                self.dropped += len(self._queue)
+                self._dropped_failed += len(self._queue)
                 log.warning("shutdown: %d queued spans not exported in %.0fs", len(self._queue), timeout_s)
                 self._queue.clear()
         self._exporter.shutdown()

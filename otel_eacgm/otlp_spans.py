@@ -129,12 +129,13 @@ class SpanEncoder:
         if prefix is None:
             prefix = self._keys[key] = _field(1, key.encode())
         kind = type(value)
-        if kind is str:
-            text = value.encode()  # type: ignore[attr-defined]
-            any_value = b"".join((b"\x0a", _LENGTHS[len(text)] if len(text) < 16384 else _varint(len(text)), text))
+        text = value.encode() if kind is str else b""  # type: ignore[attr-defined]
+        n = len(text)
+        if kind is str and n < 126 and len(prefix) < 8000:  # both inner lengths are one varint byte
+            encoded = b"".join((b"\x4a", _LENGTHS[len(prefix) + n + 4], prefix, b"\x12", _LENGTHS[n + 2], b"\x0a",
+                                _LENGTHS[n], text))
         else:
-            any_value = _any_value(value)
-        encoded = _field(9, prefix + _field(2, any_value))
+            encoded = _field(9, prefix + _field(2, _any_value(value)))
         if kind is str or kind is int or kind is float:
             if values is None:
                 values = self._attrs[key] = {}
@@ -144,17 +145,15 @@ class SpanEncoder:
 
     def span(self, s: CallSpan) -> bytes:
         """One Span message, with its ScopeSpans.spans field header."""
-        cache = self._attrs
-        parts = [b"\x0a\x10", s.trace_id.to_bytes(16, "big"), b"\x12\x08", s.span_id.to_bytes(8, "big")]
-        if s.parent_span_id:
-            parts += (b"\x22\x08", s.parent_span_id.to_bytes(8, "big"))
-        parts.append(self._tails.get((s.name, s.error)) or self._tail(s.name, s.error))
-        parts.append(_times(0x39, s.start, 0x41, s.end))  # 7, 8: start and end, fixed64
-        for k, v in s.attributes.items():
-            values = cache.get(k)
-            encoded = values.get(v) if values else None  # lists and bools are never cached: no lookup by them
-            parts.append(encoded or self._attribute(k, v, values))
-        body = b"".join(parts)
+        cache, attribute = self._attrs, self._attribute
+        attrs = b"".join([(values.get(v) if (values := cache.get(k)) else None) or attribute(k, v, values)
+                          for k, v in s.attributes.items()])  # lists and bools are never cached: no lookup by them
+        body = b"".join((
+            b"\x0a\x10", s.trace_id.to_bytes(16, "big"), b"\x12\x08", s.span_id.to_bytes(8, "big"),
+            b"\x22\x08" + s.parent_span_id.to_bytes(8, "big") if s.parent_span_id else b"",
+            self._tails.get((s.name, s.error)) or self._tail(s.name, s.error),
+            _times(0x39, s.start, 0x41, s.end),  # 7, 8: start and end, fixed64
+            attrs))
         size = len(body)
         return b"".join((b"\x12", _LENGTHS[size] if size < 16384 else _varint(size), body))
 

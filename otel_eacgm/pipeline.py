@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 
 _CALLS = frozenset((EventType.CALL, EventType.CALL_STR, EventType.PY_CALL))
 _SAMPLED = int(CallFlags.SAMPLED)
+_PY_CALL = int(EventType.PY_CALL)
+_CALL_STR = int(EventType.CALL_STR)
 _OUT = int(CallFlags.OUT)
 _INCOMPLETE = int(CallFlags.INCOMPLETE)
 
@@ -103,31 +105,28 @@ class RecordPipeline:
         shaper_add = self._shaper.add
         build = self._builder.build
         now = time.monotonic()  # the shaper's delay bound: one reading per batch is precise enough
-        for i, ev in enumerate(calls):
-            record = records[i]
+        counters, call_stats = self._counters, self._call_stats
+        for ev, record, span_id, parent_span_id in zip(calls, records, span_ids, parent_span_ids):
             try:
                 kind = record[0]
-                parent_id, parent_span_id = ev.parent_id, parent_span_ids[i]
-                if kind == EventType.PY_CALL:
-                    span = self._builder.build_python(ev, span_ids[i], parent_span_id,
-                                                      _text(record, CALL_SIZE, FUNC_BYTES),
+                parent_id = ev.parent_id
+                if kind == _PY_CALL:
+                    span = self._builder.build_python(ev, span_id, parent_span_id, _text(record, CALL_SIZE, FUNC_BYTES),
                                                       _text(record, CALL_SIZE + FUNC_BYTES, PATH_BYTES))
-                    python = True
                 else:
                     line = None
                     if frames is not None and not parent_id and ev.probe_id != PY_PROBE_ID:
                         parent_id, line = frames.parent_of(ev)
                         parent_span_id = ids.span_id(parent_id) if parent_id else 0
-                    string = _text(record, CALL_SIZE, STR_BYTES) if kind == EventType.CALL_STR else None
-                    span = build(ev, span_ids[i], parent_span_id, string, python_line=line)
-                    python = False
-                self._counters.calls += 1
-                if self._call_stats is not None:
-                    self._learn(ev, span, python)
-                shaper_add(span, call_id=ev.call_id, parent_id=parent_id, pid=ev.pid, tid=ev.tid,
-                           now=now, sampled=bool(ev.flags & _SAMPLED))
+                    string = _text(record, CALL_SIZE, STR_BYTES) if kind == _CALL_STR else None
+                    span = build(ev, span_id, parent_span_id, string, line)
+                counters.calls += 1
+                if call_stats is not None:
+                    self._learn(ev, span, kind == _PY_CALL)
+                shaper_add(span, call_id=ev.call_id, parent_id=parent_id, pid=ev.pid, tid=ev.tid, now=now,
+                           sampled=bool(ev.flags & _SAMPLED))
             except Exception:  # one bad record must not stop the capture loop
-                self._counters.decode_errors += 1
+                counters.decode_errors += 1
                 log.exception("dropping an undecodable call record (%d bytes)", len(record))
 
     def _learn(self, ev: Call, span: CallSpan, python: bool) -> None:
