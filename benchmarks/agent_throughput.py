@@ -8,10 +8,10 @@ exports over OTLP/gRPC to the test OTLP store in this process, which counts what
 How the agent's CPU is counted: utime + stime of the agent process itself (all its threads:
 ring-buffer poll, span building, the export thread and gRPC), not of its children, read from
 /proc/PID/stat at the "launched pid" line (probes attached, BCC's compile done: reported apart
-as start-up) and again once the agent has exited (a zombie not yet reaped keeps its counters),
-so the final drain and export are in. spans per agent CPU-second = spans received / that CPU.
-The export thread's share (encoding and gRPC) is read from /proc/PID/task until the agent exits
-(so its last tenth of a second may be missing).
+as start-up) and again at its "done:" line, which it logs once the span queue is closed (every
+span exported, the last metrics too): spans per agent CPU-second = spans received / that CPU.
+What it spends after that (releasing the probes, closing the BPF program) is shown apart, read
+once the agent has exited (a zombie not yet reaped keeps its counters).
 
 Each source tree given with --tree (NAME=PATH, the agent run from that checkout) runs once per
 round, rounds interleaved; medians are printed.
@@ -47,19 +47,6 @@ def _stat(pid: int) -> tuple[str, float, float]:
     return fields[0], (int(fields[11]) + int(fields[12])) / _TICK, rss
 
 
-def _export_thread_cpu(pid: int) -> float | None:
-    """CPU seconds of the agent's export thread (encoding and gRPC) so far, None once gone."""
-    try:
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            comm, rest = task.joinpath("stat").read_text().rsplit(")", 1)
-            if comm.split("(", 1)[1].startswith("otel-eacgm-exp"):  # comm: 15 characters of the name
-                fields = rest.split()
-                return (int(fields[11]) + int(fields[12])) / _TICK
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    return None
-
-
 def one_run(tree: Path, endpoint: str, loop: list[str], ringbuf_pages: int, store_count) -> dict:  # noqa: ANN001
     """One traced run of the loop with the agent of `tree`; its figures."""
     env = dict(os.environ, OTEL_EACGM_SPAN_SAMPLE_RATIO="1", OTEL_EACGM_LOG_LEVEL="info",
@@ -72,10 +59,13 @@ def one_run(tree: Path, endpoint: str, loop: list[str], ringbuf_pages: int, stor
     started = threading.Event()
     log: list[str] = []
     start: list[float] = []
+    exported: list[float] = []
 
     def read_stderr() -> None:
         assert agent.stderr is not None
         for line in agent.stderr:
+            if " done: " in line and not exported:  # logged once the queue is closed: every span exported
+                exported.append(_stat(agent.pid)[1])
             log.append(line)
             if "launched pid" in line and not start:
                 start.append(_stat(agent.pid)[1])
@@ -87,13 +77,12 @@ def one_run(tree: Path, endpoint: str, loop: list[str], ringbuf_pages: int, stor
         agent.kill()
         raise RuntimeError("agent did not start:\n" + "".join(log[-30:]))
     t0 = time.monotonic()
-    rss, export_cpu = 0.0, 0.0
+    rss = 0.0
     while True:  # sample RSS until the agent is a zombie: its CPU counters are final then
         state, cpu, now_rss = _stat(agent.pid)
         if state == "Z":
             break
         rss = max(rss, now_rss)
-        export_cpu = _export_thread_cpu(agent.pid) or export_cpu
         time.sleep(0.1)
     wall = time.monotonic() - t0
     out, _ = agent.communicate(timeout=60)
@@ -106,12 +95,12 @@ def one_run(tree: Path, endpoint: str, loop: list[str], ringbuf_pages: int, stor
     counters = dict(kv.split("=", 1) for kv in done[-1].split(" done: ", 1)[1].split() if "=" in kv)
     time.sleep(0.5)  # the store's last Export returned before the agent exited; let its lock go
     received = store_count() - before
-    agent_cpu = cpu - start[0]
+    agent_cpu = exported[0] - start[0]
     return {
         "startup_cpu_s": round(start[0], 2), "agent_cpu_s": round(agent_cpu, 2), "wall_s": round(wall, 2),
+        "cpu_to_exit_s": round(cpu - start[0], 2),
         "received": received, "spans_per_cpu_s": round(received / agent_cpu) if agent_cpu else 0,
         "cpu_s_per_million": round(agent_cpu / max(received, 1) * 1e6, 1), "rss_mib": round(rss, 1),
-        "export_thread_cpu_s": round(export_cpu, 2),
         "dropped_ringbuf": int(counters.get("dropped_ringbuf", -1)),
         "dropped_export": int(counters.get("dropped_export", -1)),
     }
@@ -149,15 +138,15 @@ def main() -> None:
     server.stop(0)
     print(f"\n{args.calls} failing cudaFree calls at {args.rate:g}/s (0: unpaced), 100 % spans, OTLP/gRPC to an "
           f"in-process store; medians of {args.rounds} interleaved rounds ({os.cpu_count()} CPUs)\n")
-    print("| agent | spans received | dropped (ring, export) | agent CPU s | of which export thread | "
-          "spans per agent CPU-s | agent CPU s per million spans | RSS MiB | wall s |")
+    print("| agent | spans received | dropped (ring, export) | agent CPU s, launch to done | "
+          "spans per agent CPU-s | agent CPU s per million spans | CPU s, launch to exit | RSS MiB | wall s |")
     print("|---|---|---|---|---|---|---|---|---|")
     for name, rs in results.items():
         med = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
         print(f"| {name} | {med['received']:.0f} | {max(r['dropped_ringbuf'] for r in rs)}, "
-              f"{max(r['dropped_export'] for r in rs)} | {med['agent_cpu_s']:.2f} | {med['export_thread_cpu_s']:.2f} | "
+              f"{max(r['dropped_export'] for r in rs)} | {med['agent_cpu_s']:.2f} | "
               f"{med['spans_per_cpu_s']:.0f} | "
-              f"{med['cpu_s_per_million']:.1f} | {med['rss_mib']:.0f} | {med['wall_s']:.1f} |")
+              f"{med['cpu_s_per_million']:.1f} | {med['cpu_to_exit_s']:.2f} | {med['rss_mib']:.0f} | {med['wall_s']:.1f} |")
     print(f"\nBCC start-up before the load (compile, attach): median "
           f"{statistics.median(r['startup_cpu_s'] for rs in results.values() for r in rs):.1f} CPU s")
 

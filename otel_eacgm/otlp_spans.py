@@ -101,6 +101,15 @@ class SpanEncoder:
         self._attrs: dict[str, dict[object, bytes]] = {}  # key -> value -> the KeyValue field
         self._keys: dict[str, bytes] = {}  # key -> its encoded KeyValue.key field
         self._tails: dict[tuple[str, str | None], bytes] = {}
+        self._fixed: dict[int, tuple[dict, bytes]] = {}  # id(CallSpan.fixed) -> it, its attribute fields
+
+    def _fixed_attributes(self, fixed: dict) -> bytes:
+        """The attribute fields of a CallSpan.fixed dict, encoded once per dict."""
+        if len(self._fixed) >= _CACHE_MAX:
+            self._fixed.clear()
+        encoded = _attributes(9, fixed)
+        self._fixed[id(fixed)] = (fixed, encoded)  # holding the dict keeps its id from being reused
+        return encoded
 
     def _resource(self, resource: Resource) -> bytes:
         """ResourceSpans' resource field (and schema URL) of `resource`, encoded once."""
@@ -148,6 +157,10 @@ class SpanEncoder:
         cache, attribute = self._attrs, self._attribute
         attrs = b"".join([(values.get(v) if (values := cache.get(k)) else None) or attribute(k, v, values)
                           for k, v in s.attributes.items()])  # lists and bools are never cached: no lookup by them
+        fixed = s.fixed
+        if fixed is not None:
+            known = self._fixed.get(id(fixed))
+            attrs += known[1] if known is not None and known[0] is fixed else self._fixed_attributes(fixed)
         body = b"".join((
             b"\x0a\x10", s.trace_id.to_bytes(16, "big"), b"\x12\x08", s.span_id.to_bytes(8, "big"),
             b"\x22\x08" + s.parent_span_id.to_bytes(8, "big") if s.parent_span_id else b"",

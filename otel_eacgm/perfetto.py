@@ -22,7 +22,7 @@ from otel_eacgm.spans import CallSpan
 
 def span_event(span: CallSpan) -> dict:
     """The Trace Event Format complete event of one span."""
-    attrs = span.attributes
+    attrs = span.all_attributes()
     start = span.start
     end = span.end or start
     args = {k: (list(v) if isinstance(v, tuple) else v) for k, v in attrs.items()}

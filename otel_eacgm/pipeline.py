@@ -106,6 +106,7 @@ class RecordPipeline:
         build = self._builder.build
         now = time.monotonic()  # the shaper's delay bound: one reading per batch is precise enough
         counters, call_stats = self._counters, self._call_stats
+        failed = 0
         for ev, record, span_id, parent_span_id in zip(calls, records, span_ids, parent_span_ids):
             try:
                 kind = record[0]
@@ -120,14 +121,14 @@ class RecordPipeline:
                         parent_span_id = ids.span_id(parent_id) if parent_id else 0
                     string = _text(record, CALL_SIZE, STR_BYTES) if kind == _CALL_STR else None
                     span = build(ev, span_id, parent_span_id, string, line)
-                counters.calls += 1
                 if call_stats is not None:
                     self._learn(ev, span, kind == _PY_CALL)
-                shaper_add(span, call_id=ev.call_id, parent_id=parent_id, pid=ev.pid, tid=ev.tid, now=now,
-                           sampled=bool(ev.flags & _SAMPLED))
+                shaper_add(span, ev.call_id, parent_id, ev.pid, ev.tid, now, bool(ev.flags & _SAMPLED))
             except Exception:  # one bad record must not stop the capture loop
-                counters.decode_errors += 1
+                failed += 1
                 log.exception("dropping an undecodable call record (%d bytes)", len(record))
+        counters.calls += len(calls) - failed
+        counters.decode_errors += failed
 
     def _learn(self, ev: Call, span: CallSpan, python: bool) -> None:
         """What the statistics need from call records: Python names, communicator sizes, and

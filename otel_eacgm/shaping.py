@@ -75,7 +75,7 @@ class TraceShaper:
         self.counters = ShapingCounters()
 
     # --- input ----------------------------------------------------------------------------
-    def add(self, span: CallSpan, *, call_id: int, parent_id: int, pid: int, tid: int, now: float,
+    def add(self, span: CallSpan, call_id: int, parent_id: int, pid: int, tid: int, now: float,
             sampled: bool = True) -> None:
         """One completed call (children always come before their parent); `sampled`: the kernel
         put it in the span sample."""

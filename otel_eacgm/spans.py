@@ -91,13 +91,16 @@ class CallSpan:
 
     Every span the agent makes is INTERNAL, has no events or links and one scope (SCOPE);
     `error` is the status description of a failed call (status ERROR), None for UNSET. The
-    trace shaper sets `trace_id` (and cuts `parent_span_id`) before export.
+    trace shaper sets `trace_id` (and cuts `parent_span_id`) before export. `fixed`: more
+    attributes, a dict shared by the spans of one row, thread and outcome (never modified, no
+    key of `attributes`), so that it is built and encoded once; `all_attributes()` has both.
     """
 
-    __slots__ = ("name", "span_id", "parent_span_id", "trace_id", "start", "end", "attributes", "error", "resource")
+    __slots__ = ("name", "span_id", "parent_span_id", "trace_id", "start", "end", "attributes", "error", "resource",
+                 "fixed")
 
     def __init__(self, name: str, span_id: int, parent_span_id: int, start: int, end: int, attributes: dict,
-                 error: str | None, resource: Resource, trace_id: int = 0) -> None:
+                 error: str | None, resource: Resource, trace_id: int = 0, fixed: dict | None = None) -> None:
         self.name = name
         self.span_id = span_id
         self.parent_span_id = parent_span_id
@@ -107,6 +110,11 @@ class CallSpan:
         self.attributes = attributes
         self.error = error
         self.resource = resource
+        self.fixed = fixed
+
+    def all_attributes(self) -> dict:
+        """Every attribute of the span."""
+        return {**self.fixed, **self.attributes} if self.fixed else self.attributes
 
     def __repr__(self) -> str:
         return f"CallSpan({self.name!r}, span {self.span_id:016x}, parent {self.parent_span_id:016x})"
@@ -138,8 +146,14 @@ class SpanIds:
         return out.tolist()
 
 
-_Probe = tuple[ProbeSpec, Callable[..., dict], bool, dict[str, object], dict[int, tuple[str, str]]]
-"""A row's spec, decoder function, whether it takes the symbol, its fixed attributes, its error names by code."""
+_Probe = tuple[ProbeSpec, Callable[..., dict], bool, dict[str, object], dict[int, tuple[str, str]], frozenset[str],
+               dict[tuple[int, int, int | None], tuple[dict[str, object], str | None]]]
+"""A row's spec, decoder function, whether it takes the symbol, its constant attributes, its error
+names by code, the keys a decoder's own must not have for CallSpan.fixed, the fixed attributes
+and status by (pid, tid, return code)."""
+_PER_CALL = frozenset(("process.pid", "thread.id", "eacgm.call.return_code", "error.type", "eacgm.python.line",
+                       "eacgm.call.incomplete", "eacgm.call.unwound"))
+_SHARED_MAX = 4096  # (pid, tid, return code) sets kept per row
 
 
 class SpanBuilder:
@@ -161,8 +175,28 @@ class SpanBuilder:
         spec = self._rows[probe_id]
         decoder = DECODERS[spec.decoder]
         static = {**dict(spec.attributes), "eacgm.layer": spec.layer.value, "code.function.name": spec.symbol}
-        probe = self._probes[probe_id] = (spec, decoder.decode, decoder.symbol_aware, static, {})
+        reserved = frozenset(static) | _PER_CALL
+        probe = self._probes[probe_id] = (spec, decoder.decode, decoder.symbol_aware, static, {}, reserved, {})
         return probe
+
+    def _shared(self, probe: _Probe, key: tuple[int, int, int | None]) -> tuple[dict[str, object], str | None]:
+        """The fixed attributes and status of a row's calls on one thread with one return code."""
+        spec, _decode, _aware, static, errors, _reserved, shared = probe
+        pid, tid, code = key
+        fixed: dict[str, object] = {**static, "process.pid": pid, "thread.id": tid}
+        error = None
+        if code is not None:
+            fixed["eacgm.call.return_code"] = code
+            if code != 0:
+                known = errors.get(code)
+                if known is None:
+                    name = error_type(spec, code)
+                    known = errors[code] = (name, f"{spec.symbol} returned {name} ({code})")
+                fixed["error.type"], error = known
+        if len(shared) >= _SHARED_MAX:
+            shared.clear()
+        shared[key] = (fixed, error)
+        return shared[key]
 
     def build(self, ev: Call, span_id: int, parent_span_id: int, string: bytes | None = None,
               python_line: int | None = None) -> CallSpan:
@@ -174,14 +208,23 @@ class SpanBuilder:
         probe = self._probes.get(ev.probe_id)
         if probe is None or probe[0] is not self._rows.get(ev.probe_id):  # new, or its slot taken by another row
             probe = self._probe(ev.probe_id)
-        spec, decode, symbol_aware, static, errors = probe
+        spec, decode, symbol_aware, static, errors, reserved, shared = probe
         attrs = decode(ev, string, self._ctx, symbol=spec.symbol) if symbol_aware else decode(ev, string, self._ctx)
+        flags = ev.flags
+        if python_line is None and not flags & (_INCOMPLETE | _UNWOUND) and reserved.isdisjoint(attrs):
+            # the common case: all but the decoded arguments is the same for this row's calls
+            # on one thread with one outcome: one shared dict (CallSpan.fixed)
+            code = _signed32(ev.ret) if flags & _RETURNED and spec.returns_status else None
+            key = (ev.pid, ev.tid, code)
+            fixed = shared.get(key) or self._shared(probe, key)
+            offset = self._clock.offset_ns
+            return CallSpan(spec.symbol, span_id, parent_span_id, ev.entry_ns + offset, ev.exit_ns + offset, attrs,
+                            fixed[1], self._resource_for(ev.pid), fixed=fixed[0])
         attrs.update(static)
         attrs["process.pid"] = ev.pid
         attrs["thread.id"] = ev.tid
         if python_line is not None:
             attrs["eacgm.python.line"] = python_line
-        flags = ev.flags
         error = _ended_early(flags, attrs, spec.symbol) if flags & (_INCOMPLETE | _UNWOUND) else None
         if error is None and flags & _RETURNED and spec.returns_status:
             code = _signed32(ev.ret)

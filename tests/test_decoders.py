@@ -84,5 +84,5 @@ def test_span_ids_parenting_and_epoch_times() -> None:
     assert child.parent_span_id == parent.span_id
     assert (child.start, child.end) == (1_010, 1_020)
     assert child.error == "cudaMalloc returned cudaErrorMemoryAllocation (2)"
-    assert child.attributes["error.type"] == "cudaErrorMemoryAllocation"
+    assert child.all_attributes()["error.type"] == "cudaErrorMemoryAllocation"
     assert parent.parent_span_id == 0 and parent.error is None
