@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import functools
 from typing import NamedTuple
 
 import numpy as np
@@ -298,6 +299,7 @@ def _call_dtype() -> np.dtype:
 
 
 CALL_DTYPE = _call_dtype()
+_new_call = functools.partial(tuple.__new__, Call)  # Call(*row) without the Python-level __new__
 CALL_SIZE = ctypes.sizeof(CallEvent)
 _SCALARS = [f for f in Call._fields if f not in ("args", "deref")]
 
@@ -318,7 +320,7 @@ def decode_calls(records: list[bytes]) -> tuple[list[Call], np.ndarray]:
     columns = [rows[name].tolist() for name in _SCALARS]
     columns.append(rows["args"].tolist())
     columns.append(rows["deref"].tolist())
-    return list(map(Call, *columns)), rows
+    return list(map(_new_call, zip(*columns))), rows
 
 
 def call_record(ev: CallEvent) -> bytes:

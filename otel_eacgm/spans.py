@@ -214,7 +214,11 @@ class SpanBuilder:
         if python_line is None and not flags & (_INCOMPLETE | _UNWOUND) and reserved.isdisjoint(attrs):
             # the common case: all but the decoded arguments is the same for this row's calls
             # on one thread with one outcome: one shared dict (CallSpan.fixed)
-            code = _signed32(ev.ret) if flags & _RETURNED and spec.returns_status else None
+            code = None
+            if flags & _RETURNED and spec.returns_status:
+                code = ev.ret & 0xFFFFFFFF  # _signed32, inline
+                if code & 0x80000000:
+                    code -= 1 << 32
             key = (ev.pid, ev.tid, code)
             fixed = shared.get(key) or self._shared(probe, key)
             offset = self._clock.offset_ns
