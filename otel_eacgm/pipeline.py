@@ -134,7 +134,7 @@ class RecordPipeline:
         """What the statistics need from call records: Python names, communicator sizes, and
         the calls a dead thread left open (the kernel never saw them end)."""
         assert self._call_stats is not None
-        a = span.attributes
+        a = span.attributes  # the decoded arguments (nccl.nranks); a Python span has no shared `fixed` part
         if python:
             self._call_stats.learn_python(ev.pid, list(ev.args), str(a.get("code.function.name", span.name)))
         elif "nccl.nranks" in a and ev.flags & _OUT and ev.ret == 0:
