@@ -7,6 +7,9 @@
  * usage: call_loop LIBCUDART LIBNCCL mixed K SECONDS
  * runs K launches and one ncclGroupStart + ncclGroupEnd pair per iteration, as fast as it can,
  * for SECONDS: a thread whose speed its probes set, with calls of both kinds interleaved.
+ * usage: call_loop LIBCUDART LIBNCCL free N [CALLS_PER_SECOND]
+ * makes N cudaFree calls on distinct made-up addresses (each fails with a real error code
+ * without a GPU): the span-throughput load of agent_throughput.py, paced like the launch loop.
  */
 #include <dlfcn.h>
 #include <stdint.h>
@@ -43,12 +46,31 @@ static int mixed(launch_fn launch, void_fn gstart, void_fn gend, const void *stu
 	return 0;
 }
 
+typedef int (*free_fn)(void *);
+
+static int frees(free_fn cuda_free, long n, double rate)
+{
+	double t0 = now_ns();
+	for (long i = 0; i < n; i++) {
+		cuda_free((void *)(uintptr_t)(0x7f0000000000 + i * 256));
+		if (rate > 0 && i % 100 == 99) {
+			double due = t0 + (i + 1) * 1e9 / rate;
+			while (now_ns() < due)
+				;
+		}
+	}
+	printf("{\"free_ns\": %.1f, \"calls\": %ld}\n", (now_ns() - t0) / n, n);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	int is_mixed = argc == 6 && argv[3][0] == 'm';
-	if (argc != 4 && argc != 5 && !is_mixed) {
+	int is_free = (argc == 5 || argc == 6) && argv[3][0] == 'f';
+	if (argc != 4 && argc != 5 && !is_mixed && !is_free) {
 		fprintf(stderr, "usage: %s LIBCUDART LIBNCCL ITERATIONS [CALLS_PER_SECOND]\n"
-			"       %s LIBCUDART LIBNCCL mixed K SECONDS\n", argv[0], argv[0]);
+			"       %s LIBCUDART LIBNCCL mixed K SECONDS\n"
+			"       %s LIBCUDART LIBNCCL free N [CALLS_PER_SECOND]\n", argv[0], argv[0], argv[0]);
 		return 2;
 	}
 	void *rt = dlopen(argv[1], RTLD_NOW), *nccl = dlopen(argv[2], RTLD_NOW);
@@ -56,6 +78,8 @@ int main(int argc, char **argv)
 		fprintf(stderr, "dlopen failed: %s\n", dlerror());
 		return 1;
 	}
+	if (is_free)
+		return frees((free_fn)dlsym(rt, "cudaFree"), atol(argv[4]), argc == 6 ? atof(argv[5]) : 0);
 	launch_fn launch = (launch_fn)dlsym(rt, "cudaLaunchKernel");
 	void_fn gstart = (void_fn)dlsym(nccl, "ncclGroupStart"), gend = (void_fn)dlsym(nccl, "ncclGroupEnd");
 	long n = atol(argv[3]);

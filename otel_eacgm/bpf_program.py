@@ -15,6 +15,7 @@ import enum
 import logging
 import os
 import re
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,8 +29,13 @@ log = logging.getLogger(__name__)
 
 BPF_DIR = SOURCE_DIR
 
-#: Most ring-buffer records one poll consumes (about 0.1-0.2 s of the agent's Python).
+#: Most ring-buffer records one poll consumes (about 0.02 s of the agent's Python).
 POLL_BATCH = 2048
+#: A poll that woke for fewer records than this lets more gather for GATHER_S, then takes them:
+#: each batch has a fixed cost (numpy views, the loop's tasks), and the ring wakes the agent
+#: for every record while it keeps up, so a steady trickle would otherwise pay it per record.
+GATHER_BELOW = 256
+GATHER_S = 0.02
 
 
 class BpfError(RuntimeError):
@@ -205,7 +211,8 @@ class CallProgram:
         self.options = options
         src = BPF_DIR / "calls.bpf.c"
         self._bpf = compile_program(src, options.cflags(), dump=dump)
-        self._polled = 0
+        self._batch: list[bytes] = []
+        self._on_batch: Callable[[list[bytes]], None] = lambda _records: None
         self._attach_offset_fn = None
         self._gaps = {False: False, True: False}  # cycle_gap set by the guardrail, by the pause cycle
         self.multi_prog_fd = -1
@@ -383,25 +390,40 @@ class CallProgram:
         """Tgids currently traced (children added by the fork tracepoint included)."""
         return {k.value for k in self._bpf["targets"].keys()}
 
-    def open_ring(self, callback: Callable[[int, int], None]) -> None:
-        """Deliver ring-buffer records as (pointer, size) to `callback`."""
+    def open_ring(self, on_batch: Callable[[list[bytes]], None]) -> None:
+        """Deliver ring-buffer records to `on_batch`, each poll's records as one list of bytes.
+
+        The per-record callback only copies the record out (the ring's memory is reused once
+        it returns); decoding and everything after happen once per batch (pipeline.py).
+        """
+        batch: list[bytes] = []
+        self._batch = batch
+        self._on_batch = on_batch
+        append, copy = batch.append, ctypes.string_at
 
         def _cb(_ctx: object, data: int, size: int) -> int:
-            callback(data, size)
-            self._polled += 1
+            append(copy(data, size))
             # libbpf consumes for as long as records keep coming: a producer faster than this
             # consumer would hold the agent's loop (guardrail, scans, statistics) in one poll.
             # A negative return ends the poll after this record; the rest wait for the next.
-            return -1 if self._polled >= POLL_BATCH else 0
+            return -1 if len(batch) >= POLL_BATCH else 0
 
         self._bpf["events"].open_ring_buffer(_cb)
 
     def poll(self, timeout_ms: int) -> int:
-        """Wait up to timeout_ms for records and run the ring callback on each, at most
-        POLL_BATCH of them; returns how many."""
-        self._polled = 0
+        """Wait up to timeout_ms for records, at most POLL_BATCH of them, and hand them to the
+        batch callback; returns how many."""
         self._bpf.ring_buffer_poll(timeout_ms)
-        return self._polled
+        batch = self._batch
+        if not batch:
+            return 0
+        if len(batch) < GATHER_BELOW:
+            time.sleep(GATHER_S)
+            self._bpf.ring_buffer_consume()
+        records = batch[:]
+        batch.clear()
+        self._on_batch(records)
+        return len(records)
 
     def stats(self) -> dict[Stat, int]:
         """The kernel-side counters (drops, overflows, unmatched returns)."""

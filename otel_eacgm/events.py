@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import functools
+from typing import NamedTuple
+
+import numpy as np
 
 MAX_ARGS = 10
 DEREF_BYTES = 40
@@ -243,20 +247,84 @@ EVENT_STRUCTS: dict[EventType, type[ctypes.Structure]] = {
 }
 
 
-def decode(data: int, size: int) -> tuple[EventType, ctypes.Structure]:
-    """Copy one ring-buffer record (pointer `data`, `size` bytes) into its typed struct; its type too.
+def decode(record: bytes) -> tuple[EventType, ctypes.Structure]:
+    """One ring-buffer record (copied out of the ring by the poll) as its typed struct; its type too.
 
-    The copy matters: the ring buffer's memory is reused as soon as the callback returns.
     Raises ValueError for an unknown type byte or a record shorter than its struct.
     """
-    kind = ctypes.cast(data, ctypes.POINTER(ctypes.c_uint8))[0]
+    kind = record[0] if record else -1
     try:
         event_type = EventType(kind)
         struct = EVENT_STRUCTS[event_type]
     except ValueError:
-        raise ValueError(f"unknown event type byte {kind} (size {size}); expected one of {list(EventType)}") from None
-    if size < ctypes.sizeof(struct):
-        raise ValueError(f"{struct.__name__} record of {size} bytes, expected {ctypes.sizeof(struct)}")
-    out = struct()
-    ctypes.memmove(ctypes.addressof(out), data, ctypes.sizeof(struct))
-    return event_type, out
+        raise ValueError(f"unknown event type byte {kind} (size {len(record)}); expected one of {list(EventType)}") from None
+    if len(record) < ctypes.sizeof(struct):
+        raise ValueError(f"{struct.__name__} record of {len(record)} bytes, expected {ctypes.sizeof(struct)}")
+    return event_type, struct.from_buffer_copy(record)  # copies sizeof(struct) bytes
+
+class Call(NamedTuple):
+    """One call record as Python values (CallEvent's fields that spans and decoders read).
+
+    Made in bulk by `decode_calls`: a NamedTuple is built in C from a row, where a ctypes
+    struct costs a copy and a slow attribute read per field.
+    """
+
+    flags: int
+    probe_id: int
+    pid: int
+    tid: int
+    depth: int
+    call_id: int
+    parent_id: int
+    root_id: int
+    entry_ns: int
+    exit_ns: int
+    ret: int
+    out_value: int
+    args: list[int]
+    deref: bytes
+
+
+def _call_dtype() -> np.dtype:
+    """CallEvent as a numpy structured dtype, from the ctypes layout (one source of offsets)."""
+    names, formats, offsets = [], [], []
+    for name, ctype in CallEvent._fields_:
+        names.append(name)
+        offsets.append(getattr(CallEvent, name).offset)
+        if name == "args":
+            formats.append(("<u8", (MAX_ARGS,)))
+        elif name == "deref":
+            formats.append(f"V{DEREF_BYTES}")
+        else:
+            formats.append(np.dtype(ctype).newbyteorder("<"))
+    return np.dtype({"names": names, "formats": formats, "offsets": offsets, "itemsize": ctypes.sizeof(CallEvent)})
+
+
+CALL_DTYPE = _call_dtype()
+_new_call = functools.partial(tuple.__new__, Call)  # Call(*row) without the Python-level __new__
+CALL_SIZE = ctypes.sizeof(CallEvent)
+_SCALARS = [f for f in Call._fields if f not in ("args", "deref")]
+
+
+def decode_calls(records: list[bytes]) -> tuple[list[Call], np.ndarray]:
+    """The call part (the leading CallEvent) of each record, decoded in one numpy view; the
+    view too, for the columns computed in bulk (span ids).
+
+    Records of CALL_STR and PY_CALL start with a CallEvent too; their tails are read apart.
+    Raises ValueError for a record shorter than a CallEvent.
+    """
+    if any(len(r) != CALL_SIZE for r in records):
+        if any(len(r) < CALL_SIZE for r in records):
+            short = min(len(r) for r in records)
+            raise ValueError(f"call record of {short} bytes, expected at least {CALL_SIZE}")
+        records = [r[:CALL_SIZE] for r in records]
+    rows = np.frombuffer(b"".join(records), CALL_DTYPE)
+    columns = [rows[name].tolist() for name in _SCALARS]
+    columns.append(rows["args"].tolist())
+    columns.append(rows["deref"].tolist())
+    return list(map(_new_call, zip(*columns))), rows
+
+
+def call_record(ev: CallEvent) -> bytes:
+    """The ring-buffer bytes of a CallEvent (frames a dead thread left, read from a map)."""
+    return bytes(memoryview(ev).cast("B"))

@@ -14,20 +14,22 @@ import threading
 from collections.abc import Sequence
 
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
-from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import SpanExportResult
+
+from otel_eacgm.export import SpanSink
+from otel_eacgm.spans import CallSpan
 
 
-def span_event(span: ReadableSpan) -> dict:
+def span_event(span: CallSpan) -> dict:
     """The Trace Event Format complete event of one span."""
-    attrs = dict(span.attributes or {})
-    start = span.start_time or 0
-    end = span.end_time or start
+    attrs = span.all_attributes()
+    start = span.start
+    end = span.end or start
     args = {k: (list(v) if isinstance(v, tuple) else v) for k, v in attrs.items()}
-    args["span_id"] = f"{span.context.span_id:016x}"
-    args["trace_id"] = f"{span.context.trace_id:032x}"
-    if span.parent is not None:
-        args["parent_span_id"] = f"{span.parent.span_id:016x}"
+    args["span_id"] = f"{span.span_id:016x}"
+    args["trace_id"] = f"{span.trace_id:032x}"
+    if span.parent_span_id:
+        args["parent_span_id"] = f"{span.parent_span_id:016x}"
     return {
         "name": span.name, "cat": str(attrs.get("eacgm.layer", "")), "ph": "X",
         "ts": start / 1000.0, "dur": (end - start) / 1000.0,
@@ -35,7 +37,7 @@ def span_event(span: ReadableSpan) -> dict:
     }
 
 
-class PerfettoExporter(SpanExporter):
+class PerfettoExporter:
     """Writes spans to a Trace Event Format JSON file."""
 
     def __init__(self, path: str) -> None:
@@ -55,7 +57,7 @@ class PerfettoExporter(SpanExporter):
         self._fh.write(("" if self._first else ",\n") + json.dumps(event, separators=(",", ":")))
         self._first = False
 
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+    def export(self, spans: Sequence[CallSpan]) -> SpanExportResult:
         """Append one event per span."""
         with self._lock:
             if self._fh.closed:
@@ -90,13 +92,13 @@ class PerfettoExporter(SpanExporter):
         return True
 
 
-class TeeSpanExporter(SpanExporter):
+class TeeSpanExporter:
     """Exports every batch to several exporters; fails when any fails."""
 
-    def __init__(self, exporters: Sequence[SpanExporter]) -> None:
+    def __init__(self, exporters: Sequence[SpanSink]) -> None:
         self.exporters = list(exporters)
 
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+    def export(self, spans: Sequence[CallSpan]) -> SpanExportResult:
         """Export to each; SUCCESS only if all succeed."""
         results = [e.export(spans) for e in self.exporters]
         return SpanExportResult.SUCCESS if all(r is SpanExportResult.SUCCESS for r in results) else SpanExportResult.FAILURE

@@ -24,17 +24,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.trace import SpanContext, StatusCode, TraceFlags
-
-from otel_eacgm.spans import SpanIds
-
-_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+from otel_eacgm.spans import CallSpan, SpanIds
 
 
 @dataclasses.dataclass
 class _Node:
-    span: ReadableSpan
+    span: CallSpan
     call_id: int
     parent_id: int
     pid: int
@@ -65,7 +60,7 @@ class ShapingCounters:
 class TraceShaper:
     """Groups spans into traces and samples them; `sink` receives the spans to export."""
 
-    def __init__(self, sink: Callable[[ReadableSpan], None], ids: SpanIds, *, max_spans: int = 1000,
+    def __init__(self, sink: Callable[[CallSpan], None], ids: SpanIds, *, max_spans: int = 1000,
                  max_delay_s: float = 10.0, slice_s: float = 1.0, slow_s: float = 0.1) -> None:
         if max_spans < 1:
             raise ValueError(f"trace max_spans {max_spans} must be >= 1")
@@ -76,16 +71,19 @@ class TraceShaper:
         self.slice_s = slice_s
         self.slow_ns = int(slow_s * 1e9)
         self._held: dict[int, _Held] = {}
-        self._slices: dict[tuple[int, int], int] = {}  # (pid, tid) -> trace id of its last sliced trace
+        self._slices: dict[tuple[int, int], tuple[int, int]] = {}  # (pid, tid) -> its last slice: index, trace id
         self.counters = ShapingCounters()
 
     # --- input ----------------------------------------------------------------------------
-    def add(self, span: ReadableSpan, *, call_id: int, parent_id: int, pid: int, tid: int, now: float,
+    def add(self, span: CallSpan, call_id: int, parent_id: int, pid: int, tid: int, now: float,
             sampled: bool = True) -> None:
         """One completed call (children always come before their parent); `sampled`: the kernel
         put it in the span sample."""
+        held = self._held.pop(call_id, None) if self._held else None
+        if not parent_id and held is None and self.slice_s > 0:
+            self._lone(span, pid, tid, sampled)  # the common case of calls straight from native code
+            return
         node = _Node(span, call_id, parent_id, pid, tid, sampled)
-        held = self._held.pop(call_id, None)
         subtree = [node]
         if held is not None:
             self.counters.held -= held.count
@@ -93,10 +91,7 @@ class TraceShaper:
                 subtree.extend(child)
         if not parent_id:
             if len(subtree) == 1 and self.slice_s > 0:
-                index = int(span.start_time / 1e9 // self.slice_s) if span.start_time else 0
-                trace_id = self._ids.slice_trace_id(pid, tid, index)
-                if self._emit(subtree, trace_id, cut=False, shared=self._slices.get((pid, tid)) == trace_id):
-                    self._slices[(pid, tid)] = trace_id
+                self._lone(span, pid, tid, sampled)
             else:
                 self._emit(subtree, self._ids.trace_id(call_id), cut=False)
             return
@@ -134,6 +129,24 @@ class TraceShaper:
             del self._slices[key]
 
     # --- output ---------------------------------------------------------------------------
+    def _lone(self, span: CallSpan, pid: int, tid: int, sampled: bool) -> None:
+        """An outermost call with nothing under it: into its thread's trace of this time slice."""
+        index = int(span.start / 1e9 // self.slice_s) if span.start else 0
+        last = self._slices.get((pid, tid))
+        shared = last is not None and last[0] == index
+        if not sampled and span.end - span.start < self.slow_ns and span.error is None:
+            self.counters.sampled_out += 1
+            return
+        self.counters.root_spans += 1
+        if shared:
+            span.trace_id = last[1]  # type: ignore[index]
+        else:
+            self.counters.traces += 1
+            span.trace_id = self._ids.slice_trace_id(pid, tid, index)
+            self._slices[(pid, tid)] = (index, span.trace_id)
+        span.parent_span_id = 0
+        self._sink(span)
+
     def _split(self, held: _Held) -> None:
         for child in held.children:
             self._emit(child, self._ids.trace_id(child[0].call_id), cut=True)
@@ -156,13 +169,19 @@ class TraceShaper:
         self.counters.root_spans += 1
         if not shared:
             self.counters.traces += 1
+        sink = self._sink
         for node in nodes:
             if keep is not None and node.call_id not in keep:
                 continue
-            top = node is root
-            parent = 0 if top and (cut or not node.parent_id) else node.parent_id
-            extra = {"eacgm.parent.span_id": f"{self._ids.span_id(node.parent_id):016x}"} if top and cut else None
-            self._sink(_rebuild(node.span, trace_id, self._ids.span_id(parent) if parent else 0, extra))
+            span = node.span
+            span.trace_id = trace_id
+            if node is root:
+                if cut:
+                    span.attributes = {**span.attributes,
+                                       "eacgm.parent.span_id": f"{self._ids.span_id(node.parent_id):016x}"}
+                if cut or not node.parent_id:
+                    span.parent_span_id = 0
+            sink(span)
         return True
 
     def _interesting(self, nodes: list[_Node]) -> set[int]:
@@ -171,22 +190,10 @@ class TraceShaper:
         keep: set[int] = set()
         for n in nodes:
             s = n.span
-            slow = s.end_time is not None and s.start_time is not None and s.end_time - s.start_time >= self.slow_ns
-            if slow or s.status.status_code is StatusCode.ERROR:
+            if s.end - s.start >= self.slow_ns or s.error is not None:
                 cid = n.call_id
                 while cid in parent_of and cid not in keep:
                     keep.add(cid)
                     cid = parent_of[cid]
         return keep
 
-
-def _rebuild(span: ReadableSpan, trace_id: int, parent_span_id: int, extra: dict | None) -> ReadableSpan:
-    ctx = SpanContext(trace_id, span.context.span_id, is_remote=False, trace_flags=_SAMPLED)
-    parent = SpanContext(trace_id, parent_span_id, is_remote=False, trace_flags=_SAMPLED) if parent_span_id else None
-    attrs = dict(span.attributes or {})
-    if extra:
-        attrs.update(extra)
-    return ReadableSpan(name=span.name, context=ctx, parent=parent, resource=span.resource, attributes=attrs,
-                        events=span.events, links=span.links, kind=span.kind, status=span.status,
-                        start_time=span.start_time, end_time=span.end_time,
-                        instrumentation_scope=span.instrumentation_scope)

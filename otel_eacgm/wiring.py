@@ -12,7 +12,6 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otel_eacgm import __version__
@@ -25,7 +24,8 @@ from otel_eacgm.config import AgentConfig
 from otel_eacgm.decoders import DecodeContext
 from otel_eacgm.discovery import Discovery
 from otel_eacgm.endpoint_check import ExportDiagnosis
-from otel_eacgm.export import ProducingMetricExporter, SpanQueue, meter_provider, metric_exporter, span_exporter
+from otel_eacgm.export import (ProducingMetricExporter, SpanQueue, SpanSink, meter_provider, metric_exporter,
+                               span_exporter)
 from otel_eacgm.guardrail import Guardrail
 from otel_eacgm.kernel_names import KernelNames
 from otel_eacgm.launcher import Launcher
@@ -60,8 +60,8 @@ def probe_rows(cfg: AgentConfig) -> list[tuple[int, ProbeSpec]]:
     return rows
 
 
-def _span_exporter(cfg: AgentConfig) -> SpanExporter:
-    exporters: list[SpanExporter] = [span_exporter(cfg.protocol, cfg.endpoint, cfg.insecure, cfg.export_timeout_s)] \
+def _span_exporter(cfg: AgentConfig) -> SpanSink:
+    exporters: list[SpanSink] = [span_exporter(cfg.protocol, cfg.endpoint, cfg.insecure, cfg.export_timeout_s)] \
         if cfg.otlp else []
     if cfg.perfetto:
         exporters.append(PerfettoExporter(cfg.perfetto))
@@ -186,7 +186,7 @@ def build_agent(cfg: AgentConfig, command: Sequence[str] | None = None, *, dump_
 
     pipeline = RecordPipeline(program=program, builder=builder, shaper=shaper, discovery=discovery,
                               call_stats=call_stats, rows=specs, counters=telemetry.counters, frames=frames)
-    program.open_ring(pipeline.on_record)
+    program.open_ring(pipeline.on_batch)
     return Agent(program=program, links=links, discovery=discovery, shaper=shaper, queue=queue, meters=meters,
                  host_metrics=host_metrics, telemetry=telemetry, call_stats=stats_reader,
                  launcher=Launcher(command, log_arguments=cfg.resource_command_line) if command else None, pids=list(cfg.pids),

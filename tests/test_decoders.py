@@ -7,7 +7,7 @@ import struct
 from otel_eacgm.clock import EpochClock
 from otel_eacgm.decoders import (DECODERS, DecodeContext, drv_launch_ex, free, get_kernel, malloc, nccl_allgather, rt_launch,
                                  rt_launch_ex)
-from otel_eacgm.events import CallEvent, CallFlags
+from otel_eacgm.events import CallEvent, CallFlags, call_record, decode_calls
 from otel_eacgm.kernel_names import KernelNames
 from otel_eacgm.probes.catalog import CATALOG, MAX_SLOTS, Layer, enabled_rows
 from otel_eacgm.spans import SpanBuilder, SpanIds
@@ -89,12 +89,17 @@ def test_span_ids_parenting_and_epoch_times() -> None:
     clock.offset_ns = 1_000
     from opentelemetry.sdk.resources import Resource
 
-    b = SpanBuilder(rows, _ctx(), clock, lambda pid: Resource({"process.pid": pid}), SpanIds(salt=7))
-    child = b.build(_ev(0, 64, probe_id=slot, call_id=5, parent_id=4, root_id=4, entry_ns=10, exit_ns=20,
-                        flags=CallFlags.RETURNED, ret=2))
-    parent = b.build(_ev(0, 64, probe_id=slot, call_id=4, root_id=4, entry_ns=5, exit_ns=30, flags=CallFlags.RETURNED))
-    assert child.parent.span_id == parent.context.span_id
-    assert child.context.trace_id == parent.context.trace_id
-    assert (child.start_time, child.end_time) == (1_010, 1_020)
-    assert child.status.status_code.name == "ERROR" and child.attributes["error.type"] == "cudaErrorMemoryAllocation"
-    assert parent.parent is None and parent.status.status_code.name == "UNSET"
+    ids = SpanIds(salt=7)
+    b = SpanBuilder(rows, _ctx(), clock, lambda pid: Resource({"process.pid": pid}), ids)
+    records = [_ev(0, 64, probe_id=slot, call_id=5, parent_id=4, root_id=4, entry_ns=10, exit_ns=20,
+                   flags=CallFlags.RETURNED, ret=2),
+               _ev(0, 64, probe_id=slot, call_id=4, root_id=4, entry_ns=5, exit_ns=30, flags=CallFlags.RETURNED)]
+    calls, view = decode_calls([call_record(r) for r in records])
+    span_ids, parent_ids = ids.span_ids(view["call_id"]), ids.span_ids(view["parent_id"])
+    assert span_ids == [ids.span_id(5), ids.span_id(4)] and parent_ids == [ids.span_id(4), 0]  # bulk == one by one
+    child, parent = (b.build(c, s, p) for c, s, p in zip(calls, span_ids, parent_ids))
+    assert child.parent_span_id == parent.span_id
+    assert (child.start, child.end) == (1_010, 1_020)
+    assert child.error == "cudaMalloc returned cudaErrorMemoryAllocation (2)"
+    assert child.all_attributes()["error.type"] == "cudaErrorMemoryAllocation"
+    assert parent.parent_span_id == 0 and parent.error is None

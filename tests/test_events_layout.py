@@ -97,9 +97,25 @@ def test_tail_indexes_match_bpf() -> None:
 
 
 def test_decode_rejects_unknown_and_short_records() -> None:
-    buf = (ctypes.c_uint8 * 8)(99)
     with pytest.raises(ValueError, match="unknown event type byte 99"):
-        events.decode(ctypes.addressof(buf), 8)
-    buf[0] = events.EventType.CALL
-    with pytest.raises(ValueError, match="CallEvent record of 8 bytes"):
-        events.decode(ctypes.addressof(buf), 8)
+        events.decode(bytes([99]) + bytes(7))
+    with pytest.raises(ValueError, match="LibOpenEvent record of 8 bytes"):
+        events.decode(bytes([events.EventType.LIB_OPEN]) + bytes(7))
+    with pytest.raises(ValueError, match="call record of 8 bytes"):
+        events.decode_calls([events.call_record(events.CallEvent()), bytes([events.EventType.CALL]) + bytes(7)])
+
+
+def test_bulk_call_decode_reads_every_field_where_ctypes_does() -> None:
+    """The numpy view of a call record (CALL_DTYPE) and the ctypes struct agree field by field."""
+    ev = events.CallEvent(type=events.EventType.CALL, flags=0x61, probe_id=513, pid=70000, tid=70001, depth=3,
+                          call_id=2**64 - 2, parent_id=2**63 + 5, root_id=7, entry_ns=10**18, exit_ns=10**18 + 9,
+                          ret=-35, out_value=2**64 - 1)
+    for i in range(events.MAX_ARGS):
+        ev.args[i] = (i + 1) * 0x0101010101010101
+    ev.deref[:] = bytes(range(events.DEREF_BYTES))
+    tail = b"name\0" + bytes(events.STR_BYTES - 5)
+    (call, plain), rows = events.decode_calls([events.call_record(ev) + tail, events.call_record(events.CallEvent())])
+    assert len(rows) == 2 and plain == events.Call(*([0] * 12), [0] * events.MAX_ARGS, bytes(events.DEREF_BYTES))
+    for name in events.Call._fields:
+        want = getattr(ev, name)
+        assert getattr(call, name) == (bytes(want) if name == "deref" else list(want) if name == "args" else want), name

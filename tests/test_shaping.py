@@ -2,31 +2,39 @@
 
 from __future__ import annotations
 
-from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.trace import SpanContext, Status, StatusCode
+from opentelemetry.sdk.resources import Resource
 
 from otel_eacgm.shaping import TraceShaper
-from otel_eacgm.spans import SpanIds
+from otel_eacgm.spans import CallSpan, SpanIds
 
 MS = 1_000_000
+IDS = SpanIds(salt=7)
 
 
-def span(call_id: int, start_ms: float, end_ms: float, *, failed: bool = False) -> ReadableSpan:
-    ctx = SpanContext(1, call_id, is_remote=False)
-    return ReadableSpan(name=f"c{call_id}", context=ctx, start_time=int(start_ms * MS), end_time=int(end_ms * MS),
-                        status=Status(StatusCode.ERROR if failed else StatusCode.UNSET), attributes={})
+class Out(CallSpan):
+    """A shaped span, read as the tests read it: its trace id, its parent's span id (None: a root)."""
+
+    __slots__ = ()
+
+    @property
+    def parent(self) -> int | None:
+        return self.parent_span_id or None
 
 
-def shaper(**kw: object) -> tuple[TraceShaper, list[ReadableSpan], SpanIds]:
-    out: list[ReadableSpan] = []
-    ids = SpanIds(salt=7)
-    return TraceShaper(out.append, ids, **kw), out, ids  # type: ignore[arg-type]
+def span(call_id: int, parent_id: int, start_ms: float, end_ms: float, *, failed: bool = False) -> CallSpan:
+    return Out(f"c{call_id}", IDS.span_id(call_id), IDS.span_id(parent_id) if parent_id else 0, int(start_ms * MS),
+               int(end_ms * MS), {}, "failed" if failed else None, Resource({}))
+
+
+def shaper(**kw: object) -> tuple[TraceShaper, list[Out], SpanIds]:
+    out: list[Out] = []
+    return TraceShaper(out.append, IDS, **kw), out, IDS  # type: ignore[arg-type]
 
 
 def add(s: TraceShaper, call_id: int, parent_id: int, start: float, end: float, now: float = 0.0, *,
         sampled: bool = True, **kw: object) -> None:
-    s.add(span(call_id, start, end, **kw), call_id=call_id, parent_id=parent_id, pid=1, tid=1, now=now,  # type: ignore[arg-type]
-          sampled=sampled)
+    s.add(span(call_id, parent_id, start, end, **kw), call_id=call_id, parent_id=parent_id, pid=1, tid=1,  # type: ignore[arg-type]
+          now=now, sampled=sampled)
 
 
 def test_an_outermost_call_and_everything_under_it_is_one_trace() -> None:
@@ -37,8 +45,8 @@ def test_an_outermost_call_and_everything_under_it_is_one_trace() -> None:
     assert out == []     # held until the outermost call completes
     add(s, 1, 0, 0, 5)
     assert [o.name for o in out] == ["c1", "c2", "c3", "c4"]
-    assert {o.context.trace_id for o in out} == {ids.trace_id(1)}
-    parents = {o.name: o.parent.span_id if o.parent else None for o in out}
+    assert {o.trace_id for o in out} == {ids.trace_id(1)}
+    parents = {o.name: o.parent for o in out}
     assert parents == {"c1": None, "c2": ids.span_id(1), "c3": ids.span_id(2), "c4": ids.span_id(1)}
 
 
@@ -50,10 +58,10 @@ def test_a_full_parent_splits_its_children_into_their_own_traces() -> None:
     assert {o.name for o in out} == {"c2", "c3"}
     for o in out:
         assert o.parent is None and o.attributes["eacgm.parent.span_id"] == f"{ids.span_id(1):016x}"
-        assert o.context.trace_id == ids.trace_id(int(o.name[1:]))
+        assert o.trace_id == ids.trace_id(int(o.name[1:]))
     add(s, 1, 0, 0, 4)
     tail = out[2:]
-    assert [o.name for o in tail] == ["c1", "c4"] and {o.context.trace_id for o in tail} == {ids.trace_id(1)}
+    assert [o.name for o in tail] == ["c1", "c4"] and {o.trace_id for o in tail} == {ids.trace_id(1)}
     assert s.counters.split == 2 and s.counters.held == 0
 
 
@@ -70,7 +78,7 @@ def test_leaf_outermost_calls_share_a_trace_per_slice() -> None:
     s, out, ids = shaper(slice_s=1.0)
     for i, t in enumerate((10.0, 300.0, 999.0, 1000.0, 2500.0)):
         add(s, 10 + i, 0, t, t + 1)
-    traces = [o.context.trace_id for o in out]
+    traces = [o.trace_id for o in out]
     assert traces[0] == traces[1] == traces[2] == ids.slice_trace_id(1, 1, 0)
     assert traces[3] == ids.slice_trace_id(1, 1, 1) != traces[0]
     assert traces[4] == ids.slice_trace_id(1, 1, 2)
@@ -115,5 +123,5 @@ def test_counters_tell_outermost_calls_from_traces() -> None:
     for child in (21, 22, 23):  # a full parent: its first two children are split off
         add(s, child, 20, 3100 + child, 3101 + child)
     add(s, 20, 0, 3100, 3200)
-    assert len({o.context.trace_id for o in out}) == 3 + 1 + 3
+    assert len({o.trace_id for o in out}) == 3 + 1 + 3
     assert (s.counters.root_spans, s.counters.traces, s.counters.split) == (5 + 1 + 3, 3 + 1 + 3, 2)

@@ -24,16 +24,14 @@ import itertools
 from collections.abc import Callable, Sequence
 
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from otel_eacgm.clock import EpochClock
-from otel_eacgm.events import CallEvent, CallFlags, PyStackEvent, PyWalk
+from otel_eacgm.events import Call, CallFlags, PyStackEvent, PyWalk
 from otel_eacgm.probes.catalog import Layer
 from otel_eacgm.probes.python_usdt import Rule, rule_matches
 from otel_eacgm.pyframes.code_objects import CodeInfo, CodeReader
 from otel_eacgm.python_names import PythonNames, module_name
-from otel_eacgm.spans import SCOPE, SpanIds
+from otel_eacgm.spans import CallSpan, SpanIds
 
 FRAME_ID_BASE = 1 << 63  # frame span ids live above every kernel call id
 BOUNDS = "traced_calls"  # eacgm.python.bounds: start and end are the first and last traced call's
@@ -107,7 +105,7 @@ class FrameSpans:
             self._pending.clear()
         self._pending[(rec.pid, rec.call_id)] = rec
 
-    def parent_of(self, ev: CallEvent) -> tuple[int, int | None]:
+    def parent_of(self, ev: Call) -> tuple[int, int | None]:
         """(frame span id to parent the outermost call `ev` under, 0: none; the line of the
         innermost Python frame that made it, None: unknown). Closes the frames it left."""
         rec = self._pending.pop((ev.pid, ev.call_id), None)
@@ -167,7 +165,7 @@ class FrameSpans:
             self._close(key, 0)
 
     # --- frames ---------------------------------------------------------------------------
-    def _opened(self, ev: CallEvent, code: int, first: int, instr: int, parent: int) -> _Frame:
+    def _opened(self, ev: Call, code: int, first: int, instr: int, parent: int) -> _Frame:
         info = self._reader.info(ev.pid, code, first)
         frame = _Frame(code, first, instr, 0, parent)
         if info is None:
@@ -216,18 +214,10 @@ class FrameSpans:
         for frame in reversed(opened[keep:]):
             if not frame.span_id or not frame.start_ns:
                 continue
-            span = ReadableSpan(
-                name=frame.name,
-                context=self._ids.context(frame.span_id, frame.span_id),
-                parent=self._ids.context(frame.parent_id, frame.parent_id) if frame.parent_id else None,
-                resource=self._resource_for(pid),
-                attributes=frame.attrs,
-                kind=SpanKind.INTERNAL,
-                status=Status(StatusCode.UNSET),
-                start_time=self._clock.to_epoch(frame.start_ns),
-                end_time=self._clock.to_epoch(frame.end_ns),
-                instrumentation_scope=SCOPE,
-            )
+            span = CallSpan(frame.name, self._ids.span_id(frame.span_id),
+                            self._ids.span_id(frame.parent_id) if frame.parent_id else 0,
+                            self._clock.to_epoch(frame.start_ns), self._clock.to_epoch(frame.end_ns), frame.attrs,
+                            None, self._resource_for(pid))
             self.counters.spans += 1
             self._sink(span, call_id=frame.span_id, parent_id=frame.parent_id, pid=pid, tid=tid,
                        sampled=frame.sampled)
