@@ -201,7 +201,8 @@ class GMMDetector(OutlierMixin, BaseEstimator):
             )
         if not self.reg_covar > 0:
             raise ValueError(f"reg_covar={self.reg_covar!r}: expected a float > 0")
-        if not (isinstance(self.spike_floor, (int, float, np.floating)) and 0 <= self.spike_floor < np.inf):
+        number = isinstance(self.spike_floor, (int, float, np.integer, np.floating))
+        if not (number and 0 <= self.spike_floor < np.inf):
             raise ValueError(f"spike_floor={self.spike_floor!r}: expected a float >= 0")
         if self.threshold_method not in THRESHOLD_METHODS:
             raise ValueError(
