@@ -6,7 +6,7 @@ nowhere else: this script never loads the other half, so nothing chosen here has
 ``detector_accuracy.py`` then reports both halves and the whole sets once.
 
 Step 1 fits one model per entity and fit variant (``VARIANTS``: covariance type, component
-cap, ``reg_covar``; ``refresh@<budget>``: the model refreshed on the test windows it does
+cap, ``reg_covar``, ``spike_floor``; ``refresh@<budget>``: the model refreshed on the test windows it does
 not flag, as ``serve`` refits) and keeps each window's out-of-fold score (training, time
 order) and each test window's score in a cache folder; step 2 replays decision rules on
 those scores without refitting:
@@ -32,6 +32,15 @@ half's entities, and PCA's and IsolationForest's for comparison. What was run fo
     nice -n 10 .venv/bin/python -W ignore $B $C --rules shift100 shift300 shift1000 --budgets 0.1 0.25 0.5 1
     nice -n 10 .venv/bin/python -W ignore $B $C --rules raw shift30 shift50 shift100 shift200 \
         --budgets 0.35 0.5 0.75
+
+and for the variance floor on spiky features (third round; its cache began as a copy of the
+``full`` and ``reg1`` files above, whose fits did not change):
+
+    C="--cache /tmp/sweep30b --jobs 2"
+    nice -n 10 .venv/bin/python -W ignore $B $C --variants reg1 spike0.3 spike1 --rules raw shift100 \
+        --budgets 0.25 0.5 1
+    nice -n 10 .venv/bin/python -W ignore $B $C --variants spike1 spike3 --rules raw shift100 \
+        --budgets 0.25 0.5 1
 """
 
 from __future__ import annotations
@@ -59,9 +68,13 @@ from eacgm_detector.drift import DriftThreshold  # noqa: E402
 from eacgm_detector.online import fit_table, model_from_config, table_features  # noqa: E402
 from eacgm_detector.threshold import pot_threshold  # noqa: E402
 
-VARIANTS = {"full": {}, "diag": {"covariance_type": "diag"}, "full-k1": {"max_components": 1},
-            "full-k2": {"max_components": 2}, "reg0.03": {"reg_covar": 0.03},
-            "reg0.1": {"reg_covar": 0.1}, "reg0.3": {"reg_covar": 0.3}, "reg1": {"reg_covar": 1.0}}
+#: Fit variants; all but the spike floors pin ``spike_floor`` 0, the model of the rounds before
+#: it (``full``: the defaults of then).
+VARIANTS = {name: {"spike_floor": 0.0, **over} for name, over in {
+    "full": {}, "diag": {"covariance_type": "diag"}, "full-k1": {"max_components": 1},
+    "full-k2": {"max_components": 2}, "reg0.03": {"reg_covar": 0.03}, "reg0.1": {"reg_covar": 0.1},
+    "reg0.3": {"reg_covar": 0.3}, "reg1": {"reg_covar": 1.0}}.items()}
+VARIANTS.update({f"spike{f:g}": {"spike_floor": f} for f in (0.1, 0.3, 1.0, 3.0)})
 TRIM = 0.005
 
 

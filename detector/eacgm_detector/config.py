@@ -131,6 +131,9 @@ class DetectorConfig(Settings):
     """Covariance of the mixture components: full, tied, diag or spherical."""
     reg_covar: float = 1e-2
     """Variance floor in standardized units (at least d/n for a fit on n windows of d features)."""
+    spike_floor: float = 3.0
+    """Least variance of every component on a spiky feature (at one value in at least half of
+    the training windows), as a multiple of its training variance; 0 turns it off."""
     context_windows: list[int] = field(default_factory=lambda: list(DEFAULT_CONTEXT_WINDOWS))
     """Spans k (in windows) of the context features: each feature's deviation from its mean
     over the entity's previous k windows joins the window's features; [] turns them off."""
@@ -184,6 +187,8 @@ class DetectorConfig(Settings):
             raise ConfigError(f"max_fit_windows: {self.max_fit_windows!r} must be >= 2")
         if self.window_s > 86400:
             raise ConfigError(f"window_s: {self.window_s!r} must be <= 86400 (a day)")
+        if not self.spike_floor >= 0:
+            raise ConfigError(f"spike_floor: {self.spike_floor!r} must be >= 0 (0 turns it off)")
         if self.drift_windows < 0:
             raise ConfigError(f"drift_windows: {self.drift_windows!r} must be >= 0 (0 turns it off)")
         if self.grace_s < 0:

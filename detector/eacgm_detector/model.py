@@ -77,6 +77,14 @@ class GMMDetector(OutlierMixin, BaseEstimator):
         smallest eigenvalues come out too small by about that much (Marchenko-Pastur), and
         new windows would look unlikely along exactly those directions; it matters for a
         warm-up of a few hundred windows, not for thousands.
+    spike_floor : float, default=3.0
+        Least variance of every component on a spiky feature, as a multiple of that feature's
+        training variance: a feature that varies in training but lies within its resolution
+        of one value in at least half of the windows (a count that is 0 but for rare bursts).
+        With ``reg_covar`` alone the component of its usual value is about a tenth of its
+        spread wide, and a small value there where training had none costs tens of
+        log-likelihood units in normal windows of a later period. Implemented as a larger
+        unit for those features (``scale_``); other features are untouched. 0: off.
     threshold_method : {"pot", "quantile"}, default="pot"
         Extreme-value (Peaks-Over-Threshold) fit or empirical quantile of held-out scores.
     threshold_risk : float, default=1e-3
@@ -150,6 +158,7 @@ class GMMDetector(OutlierMixin, BaseEstimator):
         *,
         covariance_type: str = "full",
         reg_covar: float = 1e-2,
+        spike_floor: float = 3.0,
         threshold_method: str = "pot",
         threshold_risk: float = 1e-3,
         trim_fraction: float = 0.005,
@@ -165,6 +174,7 @@ class GMMDetector(OutlierMixin, BaseEstimator):
         self.max_components = max_components
         self.covariance_type = covariance_type
         self.reg_covar = reg_covar
+        self.spike_floor = spike_floor
         self.threshold_method = threshold_method
         self.threshold_risk = threshold_risk
         self.trim_fraction = trim_fraction
@@ -191,6 +201,9 @@ class GMMDetector(OutlierMixin, BaseEstimator):
             )
         if not self.reg_covar > 0:
             raise ValueError(f"reg_covar={self.reg_covar!r}: expected a float > 0")
+        number = isinstance(self.spike_floor, (int, float, np.integer, np.floating))
+        if not (number and 0 <= self.spike_floor < np.inf):
+            raise ValueError(f"spike_floor={self.spike_floor!r}: expected a float >= 0")
         if self.threshold_method not in THRESHOLD_METHODS:
             raise ValueError(
                 f"threshold_method={self.threshold_method!r}: expected one of {THRESHOLD_METHODS}"
@@ -391,13 +404,23 @@ class GMMDetector(OutlierMixin, BaseEstimator):
         has no level to be relative to: any change of it is news, and its variance floor is
         ``reg_covar`` in its own units, as unlikely as ``reg_covar`` says; when a short fit
         raises the floor in standardized units to d / n (see ``reg_covar``), its unit is
-        shrunk to match."""
+        shrunk to match. A spiky feature's unit is enlarged so that the floor, in its own
+        units, is ``spike_floor`` times its training variance (see ``spike_floor``)."""
         src = self._derived(X.shape[1])
         level = np.abs(np.where(src >= 0, self.center_[src], self.center_))
         resolution = np.where(self._logarithmic(X.shape[1]), np.log1p(RELATIVE_RESOLUTION),
                               RELATIVE_RESOLUTION * level)
-        scale = np.maximum(X.std(axis=0), resolution)
+        std = X.std(axis=0)
+        scale = np.maximum(std, resolution)
         floor = max(self.reg_covar, X.shape[1] / X.shape[0])
+        if self.spike_floor > 0:
+            # A spiky feature: it has spread, but at least half the windows sit within its
+            # resolution of one value (its median absolute deviation is below the resolution).
+            mad = np.median(np.abs(X - np.median(X, axis=0)), axis=0)
+            spiky = (std > resolution) & (std > _CONSTANT_STD) & (mad <= resolution)
+            n_fit = X.shape[0] if self.max_fit_windows is None else min(X.shape[0], self.max_fit_windows)
+            least = max(self.reg_covar, X.shape[1] / n_fit)
+            scale = np.where(spiky, np.maximum(scale, std * np.sqrt(self.spike_floor / least)), scale)
         return np.where(scale > _CONSTANT_STD, scale, np.sqrt(self.reg_covar / floor))
 
     def _standardize(self, X) -> np.ndarray:

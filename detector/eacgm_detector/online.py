@@ -68,7 +68,8 @@ def model_from_config(cfg: DetectorConfig, names: list[str] | None = None) -> GM
     knows which are context features of which (``derived_from``) and which are logarithms
     (``logarithmic``)."""
     return GMMDetector(cfg.max_components, covariance_type=cfg.covariance_type,
-                       reg_covar=cfg.reg_covar, max_fit_windows=cfg.max_fit_windows,
+                       reg_covar=cfg.reg_covar, spike_floor=cfg.spike_floor,
+                       max_fit_windows=cfg.max_fit_windows,
                        threshold_method=cfg.threshold_method,
                        threshold_risk=cfg.risk, random_state=cfg.random_state,
                        derived_from=None if names is None else derived_from(names, cfg.context_windows),

@@ -130,7 +130,8 @@ def _restore(meta: dict, arrays: dict[str, np.ndarray]) -> SavedModel:
     for name, arr in arrays.items():
         if arr.dtype.kind not in "fiu":
             raise ValueError(f"array {name!r} has dtype {arr.dtype}, expected numbers")
-    det = GMMDetector(**meta["params"])
+    # A file written before spike_floor existed was fitted without it (its units say so).
+    det = GMMDetector(**{"spike_floor": 0.0, **meta["params"]})
     d = len(names)
     cov_shape = {"full": (k, d, d), "tied": (d, d), "diag": (k, d), "spherical": (k,)}.get(det.covariance_type)
     if cov_shape is None:

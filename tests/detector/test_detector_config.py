@@ -34,6 +34,7 @@ def test_the_threshold_risk_is_the_alarm_budget_per_hour_unless_set():
     ("threshold_risk", 1.5, "threshold_risk: 1.5"),
     ("alarms_per_hour", 0.0, "alarms_per_hour: 0.0"),
     ("max_fit_windows", 0, "max_fit_windows: 0"),
+    ("spike_floor", -0.5, "spike_floor: -0.5"),
     ("listen", "localhost", "listen: 'localhost'"),
     ("tls_cert_file", "c.pem", "tls_cert_file / tls_key_file"),
     ("warmup_windows", 3, "warmup_windows: 3"),

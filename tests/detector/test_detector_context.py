@@ -155,11 +155,12 @@ def test_version_1_model_files_still_load_without_context(tmp_path):
         meta = json.loads(str(data["meta"]))
     meta["version"] = 1
     del meta["context_windows"], meta["single_threshold"]
-    for key in ("shuffle_folds", "derived_from"):
+    for key in ("shuffle_folds", "derived_from", "spike_floor"):
         del meta["params"][key]
     np.savez(tmp_path / "v1.npz", meta=np.array(json.dumps(meta)), **arrays)
     back = load_model(tmp_path / "v1.npz")
     assert back.context_windows == () and back.feature_names == ["a", "b"]
+    assert back.detector.spike_floor == 0.0  # fitted before the floor existed
     # before version 3 every window below the threshold was an anomaly on its own
     assert back.detector.single_threshold_ == back.detector.threshold_
     meta.update(version=2, context_windows=[0])

@@ -130,11 +130,37 @@ def test_resolution_of_logarithms_context_features_and_zeros():
         GMMDetector(1, logarithmic=[True]).fit(X)
 
 
+def spiky_windows(n: int, rng) -> np.ndarray:
+    """A latency beside a counter that is 0 in 95 % of the windows and 5 to 10 in the rest."""
+    spikes = np.where(rng.random(n) < 0.05, rng.uniform(5, 10, n), 0.0)
+    return np.column_stack([rng.normal(size=n), spikes, np.zeros(n)])
+
+
+def test_spike_floor_widens_spiky_features_only():
+    rng = np.random.default_rng(6)
+    X = spiky_windows(2000, rng)
+    tight = GMMDetector(3, spike_floor=0.0, random_state=0).fit(X)
+    floored = GMMDetector(3, random_state=0).fit(X)  # the default floor
+    # A small count where training had 0 (a blip of 1.5, beside spikes of 5 to 10) is tens of
+    # log-likelihood units down under the component at 0 of the tight mixture, not with the
+    # floor; a spike far beyond training and a latency 8 standard deviations off still are.
+    blip, huge, slow = [0.0, 1.5, 0.0], [0.0, 60.0, 0.0], [8.0, 0.0, 0.0]
+    assert tight.predict(np.array([blip]))[0] == -1
+    assert floored.predict(np.array([blip, huge, slow])).tolist() == [1, -1, -1]
+    # Only the spiky feature's unit changes; the latency's and the constant's are as before.
+    assert floored.scale_[1] > 5 * tight.scale_[1]
+    assert floored.scale_[[0, 2]] == pytest.approx(tight.scale_[[0, 2]])
+    changed = np.array([[0.0, 0.0, 1.0]])  # the feature that never moved in training moves
+    assert floored.predict(changed)[0] == -1
+
+
 def test_invalid_parameters_are_named():
     with pytest.raises(ValueError, match="covariance_type='bogus'"):
         GMMDetector(covariance_type="bogus").fit(np.zeros((20, 2)))
     with pytest.raises(ValueError, match="threshold_risk=2"):
         GMMDetector(threshold_risk=2).fit(np.zeros((20, 2)))
+    with pytest.raises(ValueError, match="spike_floor=-1"):
+        GMMDetector(spike_floor=-1).fit(np.zeros((20, 2)))
 
 
 def test_single_window_threshold_lies_three_times_as_far_below_the_typical_window():
