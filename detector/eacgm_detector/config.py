@@ -131,7 +131,7 @@ class DetectorConfig(Settings):
     """Covariance of the mixture components: full, tied, diag or spherical."""
     reg_covar: float = 1e-2
     """Variance floor in standardized units (at least d/n for a fit on n windows of d features)."""
-    spike_floor: float = 3.0
+    spike_floor: float = 0.0
     """Least variance of every component on a spiky feature (at one value in at least half of
     the training windows), as a multiple of its training variance; 0 turns it off."""
     context_windows: list[int] = field(default_factory=lambda: list(DEFAULT_CONTEXT_WINDOWS))

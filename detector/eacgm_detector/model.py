@@ -77,14 +77,15 @@ class GMMDetector(OutlierMixin, BaseEstimator):
         smallest eigenvalues come out too small by about that much (Marchenko-Pastur), and
         new windows would look unlikely along exactly those directions; it matters for a
         warm-up of a few hundred windows, not for thousands.
-    spike_floor : float, default=3.0
+    spike_floor : float, default=0.0
         Least variance of every component on a spiky feature, as a multiple of that feature's
         training variance: a feature that varies in training but lies within its resolution
         of one value in at least half of the windows (a count that is 0 but for rare bursts).
         With ``reg_covar`` alone the component of its usual value is about a tenth of its
         spread wide, and a small value there where training had none costs tens of
         log-likelihood units in normal windows of a later period. Implemented as a larger
-        unit for those features (``scale_``); other features are untouched. 0: off.
+        unit for those features (``scale_``); other features are untouched. 0 (the default): off;
+        docs/detector.md says why it is not on.
     threshold_method : {"pot", "quantile"}, default="pot"
         Extreme-value (Peaks-Over-Threshold) fit or empirical quantile of held-out scores.
     threshold_risk : float, default=1e-3
@@ -158,7 +159,7 @@ class GMMDetector(OutlierMixin, BaseEstimator):
         *,
         covariance_type: str = "full",
         reg_covar: float = 1e-2,
-        spike_floor: float = 3.0,
+        spike_floor: float = 0.0,
         threshold_method: str = "pot",
         threshold_risk: float = 1e-3,
         trim_fraction: float = 0.005,
