@@ -271,8 +271,8 @@ def test_a_fork_is_held_until_continued_and_never_once_the_agent_is_ending() -> 
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     program = CallProgram(ProgramOptions(filter_pids=True, hold_forks=True))
     held: list[int] = []
-    program.open_ring(lambda data, size: held.extend([rec.pid for kind, rec in [decode(data, size)]
-                                                      if kind is EventType.FORK_HELD]))
+    program.open_ring(lambda records: held.extend(rec.pid for kind, rec in map(decode, records)
+                                                  if kind is EventType.FORK_HELD))
     try:
         program.add_target(forker.pid)
 
