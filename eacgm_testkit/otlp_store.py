@@ -55,54 +55,58 @@ class Store(trace_service_pb2_grpc.TraceServiceServicer, metrics_service_pb2_grp
             self.logs.append(request)
             return logs_service_pb2.ExportLogsServiceResponse()
 
+    def _received(self, requests: list) -> list:
+        """A snapshot of a signal's requests. The lock is held only for the copy, never while
+        they are read: a session's store holds hundreds of thousands of spans, and an Export
+        kept waiting past the Collector's timeout is retried, which would store it twice."""
+        with self._lock:
+            return list(requests)
+
     def spans(self) -> list[dict]:
         """Every received span as a dict with its resource attributes."""
         out = []
-        with self._lock:
-            for req in self.traces:
-                for rs in req.resource_spans:
-                    res = attrs(rs.resource.attributes)
-                    for ss in rs.scope_spans:
-                        for s in ss.spans:
-                            out.append({
-                                "name": s.name, "trace_id": s.trace_id.hex(), "span_id": s.span_id.hex(),
-                                "parent_span_id": s.parent_span_id.hex(), "start": s.start_time_unix_nano,
-                                "end": s.end_time_unix_nano, "attributes": attrs(s.attributes),
-                                "status_code": s.status.code, "status_message": s.status.message,
-                                "resource": res, "scope": ss.scope.name,
-                            })
+        for req in self._received(self.traces):
+            for rs in req.resource_spans:
+                res = attrs(rs.resource.attributes)
+                for ss in rs.scope_spans:
+                    for s in ss.spans:
+                        out.append({
+                            "name": s.name, "trace_id": s.trace_id.hex(), "span_id": s.span_id.hex(),
+                            "parent_span_id": s.parent_span_id.hex(), "start": s.start_time_unix_nano,
+                            "end": s.end_time_unix_nano, "attributes": attrs(s.attributes),
+                            "status_code": s.status.code, "status_message": s.status.message,
+                            "resource": res, "scope": ss.scope.name,
+                        })
         return out
 
     def metric_points(self) -> list[dict]:
         """Every received metric data point as {name, resource, attributes, value}."""
         out = []
-        with self._lock:
-            for req in self.metrics:
-                for rm in req.resource_metrics:
-                    res = attrs(rm.resource.attributes)
-                    for sm in rm.scope_metrics:
-                        for m in sm.metrics:
-                            kind = m.WhichOneof("data")
-                            for p in getattr(m, kind).data_points:
-                                value = (p.as_int if p.WhichOneof("value") == "as_int" else p.as_double) \
-                                    if kind in ("sum", "gauge") else {"count": p.count, "sum": p.sum}
-                                out.append({"name": m.name, "resource": res, "attributes": attrs(p.attributes),
-                                            "value": value, "time": p.time_unix_nano})
+        for req in self._received(self.metrics):
+            for rm in req.resource_metrics:
+                res = attrs(rm.resource.attributes)
+                for sm in rm.scope_metrics:
+                    for m in sm.metrics:
+                        kind = m.WhichOneof("data")
+                        for p in getattr(m, kind).data_points:
+                            value = (p.as_int if p.WhichOneof("value") == "as_int" else p.as_double) \
+                                if kind in ("sum", "gauge") else {"count": p.count, "sum": p.sum}
+                            out.append({"name": m.name, "resource": res, "attributes": attrs(p.attributes),
+                                        "value": value, "time": p.time_unix_nano})
         return out
 
     def log_records(self) -> list[dict]:
         """Every received log record as a dict with its resource attributes (ids in hex)."""
         out = []
-        with self._lock:
-            for req in self.logs:
-                for rl in req.resource_logs:
-                    res = attrs(rl.resource.attributes)
-                    for sl in rl.scope_logs:
-                        for r in sl.log_records:
-                            out.append({"event_name": r.event_name, "severity_text": r.severity_text,
-                                        "body": any_value(r.body), "attributes": attrs(r.attributes),
-                                        "trace_id": r.trace_id.hex(), "span_id": r.span_id.hex(),
-                                        "time": r.time_unix_nano, "resource": res})
+        for req in self._received(self.logs):
+            for rl in req.resource_logs:
+                res = attrs(rl.resource.attributes)
+                for sl in rl.scope_logs:
+                    for r in sl.log_records:
+                        out.append({"event_name": r.event_name, "severity_text": r.severity_text,
+                                    "body": any_value(r.body), "attributes": attrs(r.attributes),
+                                    "trace_id": r.trace_id.hex(), "span_id": r.span_id.hex(),
+                                    "time": r.time_unix_nano, "resource": res})
         return out
 
     def wait_for(self, predicate: Callable[[], bool], timeout_s: float) -> bool:

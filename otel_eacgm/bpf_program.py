@@ -151,6 +151,7 @@ def compile_program(src: Path, cflags: Sequence[str], *, dump: Callable[[str], N
     if dump is not None:
         dump(f"// cflags: {' '.join(cflags)}\n" + "\n".join(
             f"// --- {path.relative_to(src.parent)}\n{path.read_text()}" for path in _sources(src)))
+    log.debug("compiling %s", src.name)
     try:
         return bcc.BPF(src_file=str(src).encode(), cflags=list(cflags))
     except Exception as exc:  # BCC raises bare Exception for compile and load errors
