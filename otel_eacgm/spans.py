@@ -40,6 +40,15 @@ def error_type(spec: ProbeSpec, code: int) -> str:
     return error_name(table, _signed32(code), prefix)
 
 
+def _error(errors: dict[int, tuple[str, str]], spec: ProbeSpec, code: int) -> tuple[str, str]:
+    """(error.type, status message) of a failed call, made once per probe and return code."""
+    known = errors.get(code)
+    if known is None:
+        name = error_type(spec, code)
+        known = errors[code] = (name, f"{spec.symbol} returned {name} ({code})")
+    return known
+
+
 def _mix64(x: int) -> int:
     """splitmix64 finalizer: a bijection, so distinct call ids give distinct span ids."""
     x = (x + 0x9E3779B97F4A7C15) & _MASK64
@@ -188,11 +197,7 @@ class SpanBuilder:
         if code is not None:
             fixed["eacgm.call.return_code"] = code
             if code != 0:
-                known = errors.get(code)
-                if known is None:
-                    name = error_type(spec, code)
-                    known = errors[code] = (name, f"{spec.symbol} returned {name} ({code})")
-                fixed["error.type"], error = known
+                fixed["error.type"], error = _error(errors, spec, code)
         if len(shared) >= _SHARED_MAX:
             shared.clear()
         shared[key] = (fixed, error)
@@ -234,11 +239,7 @@ class SpanBuilder:
             code = _signed32(ev.ret)
             attrs["eacgm.call.return_code"] = code
             if code != 0:
-                known = errors.get(code)
-                if known is None:
-                    name = error_type(spec, code)
-                    known = errors[code] = (name, f"{spec.symbol} returned {name} ({code})")
-                attrs["error.type"], error = known
+                attrs["error.type"], error = _error(errors, spec, code)
         offset = self._clock.offset_ns
         return CallSpan(spec.symbol, span_id, parent_span_id, ev.entry_ns + offset, ev.exit_ns + offset, attrs,
                         error, self._resource_for(ev.pid))
