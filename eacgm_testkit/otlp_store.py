@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent import futures
+from typing import Any
 
 import grpc
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
@@ -43,6 +44,10 @@ class Store(trace_service_pb2_grpc.TraceServiceServicer, metrics_service_pb2_grp
         self.traces: list[trace_service_pb2.ExportTraceServiceRequest] = []
         self.metrics: list[metrics_service_pb2.ExportMetricsServiceRequest] = []
         self.logs: list[logs_service_pb2.ExportLogsServiceRequest] = []
+        # What the query helpers made of the requests so far, per signal: (the list read, how
+        # many of its requests, their dicts)
+        self._read_lock = threading.Lock()
+        self._read: dict[str, tuple[list | None, int, list[dict]]] = {}
 
     def Export(self, request, context):  # noqa: N802, ANN001, ANN201 - gRPC naming
         with self._lock:
@@ -55,63 +60,85 @@ class Store(trace_service_pb2_grpc.TraceServiceServicer, metrics_service_pb2_grp
             self.logs.append(request)
             return logs_service_pb2.ExportLogsServiceResponse()
 
-    def _received(self, requests: list) -> list:
-        """A snapshot of a signal's requests. The lock is held only for the copy, never while
-        they are read: a session's store holds hundreds of thousands of spans, and an Export
-        kept waiting past the Collector's timeout is retried, which would store it twice."""
-        with self._lock:
-            return list(requests)
+    def _converted(self, signal: str, requests: list, convert: Callable[[Any], list[dict]]) -> list[dict]:
+        """Every request of a signal as dicts, each request converted once. A session's store
+        holds hundreds of thousands of spans and tests poll it every 0.1 s: converting all of
+        them each time made the suite CPU-bound. The Export lock is held only to copy the new
+        requests: an Export kept waiting past the Collector's timeout is retried, which would
+        store it twice."""
+        with self._read_lock:
+            seen, done, out = self._read.get(signal, (None, 0, []))
+            with self._lock:
+                if seen is not requests or len(requests) < done:  # a benchmark emptied or replaced it
+                    done, out = 0, []
+                new = requests[done:]
+            for req in new:
+                out.extend(convert(req))
+            self._read[signal] = (requests, done + len(new), out)
+            return list(out)
 
     def spans(self) -> list[dict]:
         """Every received span as a dict with its resource attributes."""
-        out = []
-        for req in self._received(self.traces):
-            for rs in req.resource_spans:
-                res = attrs(rs.resource.attributes)
-                for ss in rs.scope_spans:
-                    for s in ss.spans:
-                        out.append({
-                            "name": s.name, "trace_id": s.trace_id.hex(), "span_id": s.span_id.hex(),
-                            "parent_span_id": s.parent_span_id.hex(), "start": s.start_time_unix_nano,
-                            "end": s.end_time_unix_nano, "attributes": attrs(s.attributes),
-                            "status_code": s.status.code, "status_message": s.status.message,
-                            "resource": res, "scope": ss.scope.name,
-                        })
-        return out
+        return self._converted("traces", self.traces, _span_dicts)
 
     def metric_points(self) -> list[dict]:
         """Every received metric data point as {name, resource, attributes, value}."""
-        out = []
-        for req in self._received(self.metrics):
-            for rm in req.resource_metrics:
-                res = attrs(rm.resource.attributes)
-                for sm in rm.scope_metrics:
-                    for m in sm.metrics:
-                        kind = m.WhichOneof("data")
-                        for p in getattr(m, kind).data_points:
-                            value = (p.as_int if p.WhichOneof("value") == "as_int" else p.as_double) \
-                                if kind in ("sum", "gauge") else {"count": p.count, "sum": p.sum}
-                            out.append({"name": m.name, "resource": res, "attributes": attrs(p.attributes),
-                                        "value": value, "time": p.time_unix_nano})
-        return out
+        return self._converted("metrics", self.metrics, _point_dicts)
 
     def log_records(self) -> list[dict]:
         """Every received log record as a dict with its resource attributes (ids in hex)."""
-        out = []
-        for req in self._received(self.logs):
-            for rl in req.resource_logs:
-                res = attrs(rl.resource.attributes)
-                for sl in rl.scope_logs:
-                    for r in sl.log_records:
-                        out.append({"event_name": r.event_name, "severity_text": r.severity_text,
-                                    "body": any_value(r.body), "attributes": attrs(r.attributes),
-                                    "trace_id": r.trace_id.hex(), "span_id": r.span_id.hex(),
-                                    "time": r.time_unix_nano, "resource": res})
-        return out
+        return self._converted("logs", self.logs, _log_dicts)
 
     def wait_for(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
         """Poll `predicate` until true or timeout."""
         return wait_until(predicate, timeout_s)
+
+
+def _span_dicts(req: trace_service_pb2.ExportTraceServiceRequest) -> list[dict]:
+    """A request's spans as the dicts tests read (see Store.spans)."""
+    out = []
+    for rs in req.resource_spans:
+        res = attrs(rs.resource.attributes)
+        for ss in rs.scope_spans:
+            for s in ss.spans:
+                out.append({
+                    "name": s.name, "trace_id": s.trace_id.hex(), "span_id": s.span_id.hex(),
+                    "parent_span_id": s.parent_span_id.hex(), "start": s.start_time_unix_nano,
+                    "end": s.end_time_unix_nano, "attributes": attrs(s.attributes),
+                    "status_code": s.status.code, "status_message": s.status.message,
+                    "resource": res, "scope": ss.scope.name,
+                })
+    return out
+
+
+def _point_dicts(req: metrics_service_pb2.ExportMetricsServiceRequest) -> list[dict]:
+    """A request's metric data points as dicts (see Store.metric_points)."""
+    out = []
+    for rm in req.resource_metrics:
+        res = attrs(rm.resource.attributes)
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                kind = m.WhichOneof("data")
+                for p in getattr(m, kind).data_points:
+                    value = (p.as_int if p.WhichOneof("value") == "as_int" else p.as_double) \
+                        if kind in ("sum", "gauge") else {"count": p.count, "sum": p.sum}
+                    out.append({"name": m.name, "resource": res, "attributes": attrs(p.attributes),
+                                "value": value, "time": p.time_unix_nano})
+    return out
+
+
+def _log_dicts(req: logs_service_pb2.ExportLogsServiceRequest) -> list[dict]:
+    """A request's log records as dicts (see Store.log_records)."""
+    out = []
+    for rl in req.resource_logs:
+        res = attrs(rl.resource.attributes)
+        for sl in rl.scope_logs:
+            for r in sl.log_records:
+                out.append({"event_name": r.event_name, "severity_text": r.severity_text,
+                            "body": any_value(r.body), "attributes": attrs(r.attributes),
+                            "trace_id": r.trace_id.hex(), "span_id": r.span_id.hex(),
+                            "time": r.time_unix_nano, "resource": res})
+    return out
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float) -> bool:
