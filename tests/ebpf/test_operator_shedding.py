@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -49,7 +50,13 @@ def test_a_high_rate_tiny_operator_is_shed_and_said_so(pipeline) -> None:  # noq
                 if p["name"] == "eacgm.agent.operators.shed"}
 
     assert pipeline.store.wait_for(lambda: "aten::add_" in gauge(), 30), gauge()
-    assert gauge()["aten::add_"] > 10_000  # calls per second when it was shed
+    # the gauge says the rate the log line gave when it was shed, a rate whose probes cost at least
+    # torch_shed_share (1 %) of a thread; how high it is depends on where in its stats window the
+    # loop began, so the rate itself is not pinned
+    said = re.search(r"aten::add_ \((\d+) calls/s of [\d.]+ us, probes ([\d.]+)% of a thread\)", "\n".join(lines))
+    assert said, lines
+    assert abs(gauge()["aten::add_"] - float(said[1])) <= 1.0
+    assert float(said[2]) >= 1.0
 
     def both() -> tuple[int, int]:
         points = pipeline.store.metric_points()
