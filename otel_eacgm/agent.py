@@ -142,6 +142,18 @@ class Agent:
                 break
         return self._finish()
 
+    def discard(self) -> None:
+        """Release what build_agent made, for an agent stopped before run(): nothing was
+        attached, captured or launched, so there is nothing to drain or export."""
+        self.queue.close(timeout_s=1.0)
+        self.meters.shutdown()
+        self.host_metrics.close()
+        if self.pause is not None:
+            self.pause.close()
+        self.links.release()
+        self.program.close()
+        self.discovery.symbols.close()
+
     def _trace_launched(self, pid: int) -> None:
         self.program.add_target(pid)
         self.discovery.resource_for(pid)

@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import logging
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -123,15 +124,46 @@ def _run_agent(args: argparse.Namespace) -> int:
     from otel_eacgm.bpf_program import BpfError
     from otel_eacgm.wiring import build_agent
 
+    interrupt = StartInterrupt()
+    signal.signal(signal.SIGINT, interrupt.handle)
     try:
         agent = build_agent(cfg, command, dump_bpf=args.dump_bpf)
     except (BpfError, OSError, ValueError) as exc:  # OSError: a file named in the config (pause_cycle_log)
         print(f"otel-eacgm agent: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # Ctrl-C while BCC compiles: no probe is attached before run()
-        print("otel-eacgm agent: interrupted while starting; nothing was traced", file=sys.stderr)
+        print(INTERRUPTED, file=sys.stderr)
+        return 130
+    interrupt.building = False
+    if interrupt.received:  # the KeyboardInterrupt was swallowed on its way up (see StartInterrupt)
+        agent.discard()
+        print(INTERRUPTED, file=sys.stderr)
         return 130
     return agent.run()
+
+
+INTERRUPTED = "otel-eacgm agent: interrupted while starting; nothing was traced"
+
+
+class StartInterrupt:
+    """Ctrl-C while the agent starts (BCC compiles for seconds).
+
+    Python's own handler raises KeyboardInterrupt wherever the interpreter happens to be, and
+    some places there swallow it: a bare `except:` in BCC's loader, a finalizer run by the
+    garbage collector. The agent then started and ran on as if no Ctrl-C had come. This handler
+    raises too (so a compile is cut short where it can be) and also remembers the signal, which
+    the caller checks once start-up returns. After start-up it only remembers: Agent.run
+    installs its own handlers next.
+    """
+
+    def __init__(self) -> None:
+        self.received = False
+        self.building = True
+
+    def handle(self, _signum: int, _frame: object) -> None:
+        self.received = True
+        if self.building:
+            raise KeyboardInterrupt
 
 
 def parser() -> argparse.ArgumentParser:
