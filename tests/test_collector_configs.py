@@ -56,3 +56,16 @@ def test_config_starts_without_deprecated_names(name: str) -> None:
                            str(REPO / "collector-config" / name)], env=env, capture_output=True, text=True, timeout=60)
     assert "Everything is ready" in proc.stderr, proc.stderr[-2000:]
     assert "deprecated" not in proc.stderr.lower(), [l for l in proc.stderr.splitlines() if "eprecat" in l]
+
+
+def test_the_readme_collector_config_starts_without_deprecated_names(tmp_path) -> None:  # noqa: ANN001
+    """README's "Pointing a collector at the agent" snippet is a whole config a user can start."""
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("### Pointing a collector at the agent"):]
+    snippet = section[section.index("```yaml\n") + 8:section.index("```\n", section.index("```yaml\n") + 8)]
+    config = tmp_path / "readme.yaml"
+    config.write_text(snippet.replace("0.0.0.0:4317", "127.0.0.1:24397").replace("0.0.0.0:4318", "127.0.0.1:24398"))
+    proc = subprocess.run(["timeout", "-s", "INT", "4", str(collector_binary()), "--config", str(config)],
+                          capture_output=True, text=True, timeout=60)
+    assert "Everything is ready" in proc.stderr, proc.stderr[-2000:]
+    assert "deprecated" not in proc.stderr.lower(), [l for l in proc.stderr.splitlines() if "eprecat" in l]
