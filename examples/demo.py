@@ -98,6 +98,20 @@ DETECTOR = {"window_s": 0.5, "grace_s": 1.0, "warmup_windows": 16, "refit_every"
 FAULT_STEPS = range(201, 251)
 
 
+def stop_all(procs: list[subprocess.Popen], grace_s: float) -> None:
+    """Stop the backends together: each is asked to stop at once, and those not gone within
+    `grace_s` in all are killed (one by one, a slow one made the demo's exit wait 10 s each)."""
+    for proc in procs:
+        proc.terminate()
+    deadline = time.monotonic() + grace_s
+    for proc in procs:
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def pick_workload(choice: str, steps: int) -> tuple[list[str], str]:
     """(command, launch layer) of the example workload, with its fault after the warm-up."""
     python = sys.executable
@@ -271,8 +285,8 @@ def main() -> int:
             print(f"Zipkin (Lens UI): http://127.0.0.1:{args.zipkin_port}/zipkin/?serviceName={SERVICE}")
             print(f"VictoriaLogs (UI): http://127.0.0.1:{args.victorialogs_port}/select/vmui/ "
                   "(the detector's eacgm.anomaly records, where a detector sends its output to this collector)")
-            print("collector, Jaeger, Zipkin and VictoriaLogs keep running until Ctrl-C", flush=True)
-            try:
+            try:  # the line is printed inside: a Ctrl-C right after it must land here, not in a traceback
+                print("collector, Jaeger, Zipkin and VictoriaLogs keep running until Ctrl-C", flush=True)
                 while True:
                     time.sleep(3600)
             except KeyboardInterrupt:
@@ -281,13 +295,7 @@ def main() -> int:
             print("the backends stopped with the demo (stdin is not a terminal); --keep keeps them up until Ctrl-C")
         return status
     finally:
-        for proc in reversed(procs):
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_all(procs, grace_s=10.0)
         server.stop(0)
 
 
