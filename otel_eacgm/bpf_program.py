@@ -215,7 +215,7 @@ class CallProgram:
         self._batch: list[bytes] = []
         self._on_batch: Callable[[list[bytes]], None] = lambda _records: None
         self._attach_offset_fn = None
-        self._gaps = {False: False, True: False}  # cycle_gap set by the guardrail, by the pause cycle
+        self._gaps: dict[str, bool] = {}  # who holds cycle_gap open -> whether for every probe
         self.multi_prog_fd = -1
         """The program uprobe_multi links attach (-1: this kernel has none; one perf event per probe)."""
         attach_type = -1
@@ -248,12 +248,17 @@ class CallProgram:
                                                     count_arg=spec.count_arg, dtype_arg=spec.dtype_arg,
                                                     cyclable=int(spec.layer is Layer.TORCH or spec.cyclable))
 
-    def set_cycle_gap(self, on: bool, *, every_probe: bool = False) -> None:
-        """Whether cyclable entries (the guardrail's) or every entry (the pause cycle's,
-        `every_probe`) are detached while their returns may fire: their returns without a frame
-        count as cycled_returns, not unmatched_returns."""
-        self._gaps[every_probe] = on
-        self._bpf["cycle_gap"][ctypes.c_int(0)] = ctypes.c_uint32(2 if self._gaps[True] else int(self._gaps[False]))
+    def set_cycle_gap(self, holder: str, on: bool, *, every_probe: bool = False) -> None:
+        """Whether `holder` (the guardrail, operator shedding: cyclable entries; the pause cycle:
+        every entry, `every_probe`) has entries detached while their returns may fire: their
+        returns without a frame count as cycled_returns, not unmatched_returns. The gap lasts
+        while any holder holds it."""
+        if on:
+            self._gaps[holder] = every_probe
+        else:
+            self._gaps.pop(holder, None)
+        value = 2 if any(self._gaps.values()) else int(bool(self._gaps))
+        self._bpf["cycle_gap"][ctypes.c_int(0)] = ctypes.c_uint32(value)
 
     def configure_python(self, usdt_regs: tuple[int, int, int]) -> None:
         """Where py_entry/py_return find function__entry's arguments (pt_regs byte offsets)."""

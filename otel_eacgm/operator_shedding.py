@@ -9,9 +9,12 @@ cost at least `share` of a thread (calls per second x 2 hits x the guardrail's c
 and each call lasts less than TINY_HITS times what its two hits cost. Shedding is for good,
 for every process (probes are per file): its entry probes are linked out at once and its exit
 probes one tick later, through the same uprobe_multi links the guardrail cycles, so a call in
-flight is still seen whole. One log line names what was shed with its rate; the gauge
-``eacgm.agent.operators.shed`` keeps saying it (the calls per second each had when shed). The
-statistics of a shed operator stop growing from then on: its calls are not counted any more.
+flight is still seen whole. Until the old exit links stop firing, a return may come without its
+entry (a call of the shed operator made after its entry went, or a kept operator's return seen
+by both exit links): the kernel counts those as cycled_returns, not unmatched_returns. One log
+line names what was shed with its rate; the gauge ``eacgm.agent.operators.shed`` keeps saying
+it (the calls per second each had when shed). The statistics of a shed operator stop growing
+from then on: its calls are not counted any more.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 
 from otel_eacgm.bpf_program import CallStat
-from otel_eacgm.probe_links import GroupKind, ProbeLinks
+from otel_eacgm.probe_links import Detached, GroupKind, ProbeLinks
 from otel_eacgm.probes.catalog import Layer, ProbeSpec
 
 log = logging.getLogger(__name__)
@@ -44,8 +47,13 @@ class OperatorShedder:
     """Sheds high-rate tiny operators (see the module docstring)."""
 
     def __init__(self, links: ProbeLinks, rows: Mapping[int, ProbeSpec], *, share: float,
-                 hit_cost: Callable[[int], float], now: float) -> None:
+                 hit_cost: Callable[[int], float], now: float,
+                 mark_gap: Callable[[bool], None] = lambda _on: None) -> None:
+        """`mark_gap` tells the kernel when returns may come without their entries: from a shed
+        until the old exit links stop firing."""
         self._links = links
+        self._mark_gap = mark_gap
+        self._exits_gone: Detached | None = None  # the last exit re-link, until its old links stop
         self._rows = rows
         self.share = share
         self._hit_cost = hit_cost
@@ -55,9 +63,13 @@ class OperatorShedder:
         self.shed: dict[int, Shed] = {}  # slot -> what it cost when shed
 
     def tick(self) -> None:
-        """Unlink the exit probes of operators whose entries were unlinked at the last read."""
+        """Unlink the exit probes of operators whose entries were unlinked at the last read; end
+        the gap once the old exit links have stopped firing."""
+        if self._exits_gone is not None and self._exits_gone.stopped_at is not None:
+            self._exits_gone = None
+            self._mark_gap(False)
         if self._exits_due:
-            self._links.drop(GroupKind.TORCH_EXIT, self._exits_due)
+            self._exits_gone = self._links.drop(GroupKind.TORCH_EXIT, self._exits_due)
             self._exits_due = set()
 
     def observe(self, entries: Sequence[CallStat], now: float,
@@ -91,6 +103,7 @@ class OperatorShedder:
                     found[slot] = Shed(self._rows[slot].symbol, rate, mean_s, cost)
         if not found:
             return
+        self._mark_gap(True)
         self._links.drop(GroupKind.TORCH, set(found))
         self._exits_due |= set(found)
         self.shed.update(found)

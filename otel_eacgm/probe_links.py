@@ -375,13 +375,15 @@ class ProbeLinks:
             del self._groups[group]
         return n
 
-    def drop(self, kind: GroupKind, slots: set[int]) -> int:
-        """Take the probes of `slots` out of every group of `kind` for good (operator shedding);
-        returns the probes dropped. An attached group is linked again without them, the new link
-        made before the old one is closed, so no call of a kept probe goes unseen: an entry hit
-        by both links is one frame (the kernel drops the second, same stack pointer within
-        microseconds), and of a return seen twice the second finds no frame of its own."""
+    def drop(self, kind: GroupKind, slots: set[int]) -> Detached:
+        """Take the probes of `slots` out of every group of `kind` for good (operator shedding):
+        what was dropped, and when the old links stopped firing. An attached group is linked
+        again without them, the new link made before the old one is closed, so no call of a kept
+        probe goes unseen: an entry hit by both links is one frame (the kernel drops the second,
+        same stack pointer within microseconds), and of a return seen twice the second finds no
+        frame of its own (a returns-without-entry gap, which the caller marks until then)."""
         dropped = 0
+        old_links: list[int | str] = []
         for group, entry in self._groups.items():
             keep = tuple(p for p in entry.probes if p.slot not in slots)
             if group.kind is not kind or len(keep) == len(entry.probes):
@@ -397,8 +399,10 @@ class ProbeLinks:
                 entry.handles = []
                 log.warning("re-linking %s probes of %s without %d shed probes failed: %s", kind.value, group.path,
                             len(slots), exc)
-            self._close_handles(old)
-        return dropped
+            old_links += old
+        detached = Detached(dropped, len(old_links))
+        self._close_handles(old_links, detached)
+        return detached
 
     @property
     def probe_count(self) -> int:

@@ -128,15 +128,17 @@ def build_agent(cfg: AgentConfig, command: Sequence[str] | None = None, *, dump_
     call_stats = CallStatistics(specs, kernel_names, error_type, max_kernel_names=cfg.max_kernel_names) \
         if cfg.call_metrics and metered else None
     pause = PauseCycle(links, cfg.pause_cycle_s, Path(cfg.pause_cycle_log) if cfg.pause_cycle_log else None,
-                       mark_gap=lambda on: program.set_cycle_gap(on, every_probe=True)) if cfg.pause_cycle_s else None
+                       mark_gap=lambda on: program.set_cycle_gap("pause", on, every_probe=True)) if cfg.pause_cycle_s else None
     # The guardrail measures hit rates from the call statistics, so it needs them.
     guardrail = Guardrail(links, specs, read_stats=program.call_stats, budget=cfg.overhead_budget,
                           hit_cost_s=cfg.probe_hit_cost_us * 1e-6, period_s=cfg.guardrail_period_s,
-                          min_duty=cfg.guardrail_min_duty, now=time.monotonic(), mark_gap=program.set_cycle_gap,
+                          min_duty=cfg.guardrail_min_duty, now=time.monotonic(),
+                          mark_gap=lambda on: program.set_cycle_gap("guardrail", on),
                           clock=pause.traced_time if pause is not None else lambda t: t) \
         if cfg.overhead_budget > 0 and call_stats is not None else None
     hit_cost = guardrail.hit_cost if guardrail is not None else lambda _pid: cfg.probe_hit_cost_us * 1e-6
-    shedder = OperatorShedder(links, specs, share=cfg.torch_shed_share, hit_cost=hit_cost, now=time.monotonic()) \
+    shedder = OperatorShedder(links, specs, share=cfg.torch_shed_share, hit_cost=hit_cost, now=time.monotonic(),
+                              mark_gap=lambda on: program.set_cycle_gap("shedding", on)) \
         if call_stats is not None and Layer.TORCH in layers and cfg.torch_shed_share > 0 else None
     stats_reader = CallStatsReader(program, call_stats, guardrail, metrics_interval_s=cfg.metrics_interval_s,
                                    guardrail_period_s=cfg.guardrail_period_s, shedder=shedder, pause=pause) \
