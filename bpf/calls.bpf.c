@@ -34,6 +34,8 @@ static __always_inline __u8 *fork_holds_lookup(__u32 *pid) { return fork_holds.l
 static __always_inline int fork_holds_update(__u32 *pid, __u8 *one) { return fork_holds.update(pid, one); }
 static __always_inline int fork_holds_delete(__u32 *pid) { return fork_holds.delete(pid); }
 static __always_inline __u32 *holds_off_lookup(int *zero) { return holds_off.lookup(zero); }
+static __always_inline int held_update(__u32 *pid, __u8 *one) { return held.update(pid, one); }
+static __always_inline int held_delete(__u32 *pid) { return held.delete(pid); }
 static __always_inline __u64 *next_id_lookup(int *zero) { return next_id.lookup(zero); }
 static __always_inline __u32 *depths_lookup(__u32 *tid) { return depths.lookup(tid); }
 static __always_inline int depths_update(__u32 *tid, __u32 *depth) { return depths.update(tid, depth); }

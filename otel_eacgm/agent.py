@@ -15,11 +15,13 @@ import logging
 import os
 import resource
 import signal
+import subprocess
 import time
 from collections.abc import Callable
 
 from opentelemetry.sdk.metrics import MeterProvider
 
+from otel_eacgm import hold_guard
 from otel_eacgm.bpf_program import POLL_BATCH, CallProgram
 from otel_eacgm.call_stats_reader import CallStatsReader
 from otel_eacgm.discovery import Discovery
@@ -90,6 +92,7 @@ class Agent:
     frames: FrameSpans | None = None
     frames_idle_s: float = 10.0
     _stop: bool = False
+    _hold_guard: subprocess.Popen | None = None
 
     def stop(self, *_args: object) -> None:
         """Ask the loop to finish (signal handler)."""
@@ -112,6 +115,8 @@ class Agent:
 
     def run(self) -> int:
         """Capture until stopped; returns the exit status (the command's, when launched)."""
+        if self.program.options.holds:  # before any target: from then on the kernel may stop processes
+            self._hold_guard = hold_guard.start(self.program.held_map_fd)
         for pid in self.pids:
             self.program.add_target(pid)
             if not os.path.exists(f"/proc/{pid}"):  # exited before it was a target: its exit removed nothing

@@ -15,6 +15,7 @@ import enum
 import logging
 import os
 import re
+import signal
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -105,6 +106,11 @@ class ProgramOptions:
     cgroup: tuple[int, int] | None = None  # (id, level) of the traced cgroup v2: new members join at library opens
     ringbuf_pages: int = 1024
     agent_pid: int = dataclasses.field(default_factory=os.getpid)
+
+    @property
+    def holds(self) -> bool:
+        """Whether the kernel stops processes for the agent (gated opens, held forks)."""
+        return self.filter_pids and (self.gate_opens or (self.follow_forks and self.hold_forks))
 
     def cflags(self) -> list[str]:
         """The -D/-I flags for BCC."""
@@ -379,6 +385,23 @@ class CallProgram:
         """Stop no process any more (gated opens, held forks): the agent is ending, and a process
         stopped after its last poll would wait for a SIGCONT that never comes."""
         self._bpf["holds_off"][ctypes.c_int(0)] = ctypes.c_uint32(1)
+
+    def let_go(self, pid: int) -> None:
+        """Continue a process stopped for the agent (a gated open, a held fork) and strike it off
+        the kernel's list of held processes, which the hold guard reads if the agent dies."""
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+        try:
+            del self._bpf["held"][ctypes.c_uint32(pid)]
+        except KeyError:
+            pass
+
+    @property
+    def held_map_fd(self) -> int:
+        """The fd of the kernel's list of held processes (the hold guard's copy keeps it readable)."""
+        return self._bpf["held"].map_fd
 
     def add_target(self, pid: int) -> None:
         """Trace this tgid (only meaningful when compiled with filter_pids)."""

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 from collections.abc import Callable
 from pathlib import Path
 
@@ -150,10 +149,7 @@ class Discovery:
         # library's probes see (libpython's own open came before its mmap).
         self.scan({pid})
         if rec.gated:
-            try:
-                os.kill(pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
+            self._program.let_go(pid)
         self._pending.extend((now + d, pid) for d in RESCAN_DELAYS_S)
 
     def on_fork_held(self, rec: ExecEvent) -> None:
@@ -164,10 +160,7 @@ class Discovery:
         try:
             self.scan({pid})
         finally:
-            try:
-                os.kill(pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
+            self._program.let_go(pid)
 
     def on_exec(self, rec: ExecEvent) -> None:
         """The process is another program now: kernel names resolved in its old image no

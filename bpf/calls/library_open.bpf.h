@@ -72,8 +72,14 @@ static __always_inline int open_exited(const long *ret)
 			ev->pid = tgid;
 			bpf_probe_read_kernel(ev->path, sizeof(ev->path), p->path);
 #ifdef EACGM_GATE_OPENS
-			if (may_hold() && bpf_send_signal(SIGSTOP_NUM) == 0)
-				ev->gated = 1;
+			if (may_hold()) {
+				__u8 one = 1;
+				held_update(&tgid, &one);  /* before the stop: whoever finds it there may continue it */
+				if (bpf_send_signal(SIGSTOP_NUM) == 0)
+					ev->gated = 1;
+				else
+					held_delete(&tgid);
+			}
 #endif
 			events_submit(ev);
 		} else {

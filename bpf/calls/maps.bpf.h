@@ -25,6 +25,10 @@ BPF_HASH(targets, __u32, __u8, 65536);
 BPF_HASH(fork_holds, __u32, __u8, 4096);
 /* 1 once the agent is ending: nothing is stopped any more (gated opens, held forks), since no one would continue it. */
 BPF_ARRAY(holds_off, __u32, 1);
+/* Processes stopped for the agent (gated opens, held forks), written before the stop, deleted by
+ * the agent when it lets one go: if the agent dies first, its hold guard continues those left
+ * (otel_eacgm/hold_guard.py). */
+BPF_HASH(held, __u32, __u8, 4096);
 
 /* Open calls: each thread's stack depth and its frames; call ids count up from 1. */
 BPF_ARRAY(next_id, __u64, 1);

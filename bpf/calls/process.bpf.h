@@ -146,8 +146,11 @@ static __always_inline int fork_returned(void)
 	ev->type = EACGM_EVENT_FORK_HELD;
 	ev->pad0[0] = ev->pad0[1] = ev->pad0[2] = 0;
 	ev->pid = tid;
-	if (may_hold())
+	if (may_hold()) {
+		__u8 one = 1;
+		held_update(&tid, &one);  /* before the stop: whoever finds it there may continue it */
 		bpf_send_signal(SIGSTOP_SIGNAL);  /* if it fails, the agent links it all the same, running */
+	}
 	events_submit(ev);
 	return 0;
 }
