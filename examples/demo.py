@@ -287,8 +287,8 @@ def main() -> int:
                   "(the detector's eacgm.anomaly records, where a detector sends its output to this collector)")
             try:  # the line is printed inside: a Ctrl-C right after it must land here, not in a traceback
                 print("collector, Jaeger, Zipkin and VictoriaLogs keep running until Ctrl-C", flush=True)
-                while True:
-                    time.sleep(3600)
+                while True:  # short sleeps: a Ctrl-C that another thread (gRPC's) receives wakes no
+                    time.sleep(0.5)  # sleep, and Python raises it in this thread only when it runs again
             except KeyboardInterrupt:
                 pass
         else:

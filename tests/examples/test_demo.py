@@ -28,8 +28,10 @@ pytestmark = pytest.mark.ebpf
 def test_the_demo_names_the_anomaly_and_keeps_jaeger_up_in_a_terminal() -> None:
     ui_port = free_port()
     terminal, stdin = pty.openpty()  # stdin is a terminal, as in `make demo` at a shell
+    # every port free: a Zipkin or VictoriaLogs already on its default port must not answer for this one
     demo = subprocess.Popen([sys.executable, str(REPO / "examples/demo.py"), "--workload", "cuda-steps",
-                             "--ui-port", str(ui_port)], stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             "--ui-port", str(ui_port), "--zipkin-port", str(free_port()),
+                             "--victorialogs-port", str(free_port())], stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, cwd=REPO, env={k: v for k, v in os.environ.items() if not k.startswith("OTEL_")})
     os.close(stdin)
     lines: list[str] = []
@@ -53,7 +55,11 @@ def test_the_demo_names_the_anomaly_and_keeps_jaeger_up_in_a_terminal() -> None:
         demo.send_signal(signal.SIGINT)
         assert demo.wait(60) == 0
     finally:
-        if demo.poll() is None:
-            demo.kill()
-            demo.wait()
+        if demo.poll() is None:  # failed: Ctrl-C first, so that it stops its backends, as a user's would
+            demo.send_signal(signal.SIGINT)
+            try:
+                demo.wait(30)
+            except subprocess.TimeoutExpired:
+                demo.kill()
+                demo.wait()
         os.close(terminal)
