@@ -28,18 +28,12 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from eacgm_testkit.otlp_store import serve  # noqa: E402
 from probe_overhead import build_loop, find_libraries  # noqa: E402
-
-_TICK = os.sysconf("SC_CLK_TCK")
-
+from proc_stat import proc_stat  # noqa: E402
 
 def _cpu_rss(pid: int) -> tuple[float, float] | None:
     """(CPU seconds, RSS MiB) of a live process, None once it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        rss_pages = int(Path(f"/proc/{pid}/statm").read_text().split()[1])
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return None
-    return (int(fields[11]) + int(fields[12])) / _TICK, rss_pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+    s = proc_stat(pid)
+    return None if s is None or s.state == "Z" else (s.cpu_s, s.rss_mib)
 
 
 def one_run(endpoint: str, loop: list[str], interval_s: float, ratio: float) -> dict:

@@ -22,9 +22,9 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from proc_stat import peak_rss_mib, proc_stat
+
 REPO = Path(__file__).resolve().parent.parent
-_TICK = os.sysconf("SC_CLK_TCK")
-_PAGE = os.sysconf("SC_PAGE_SIZE")
 ALL_LAYERS = "cuda.runtime,cuda.driver,nccl,torch,python"
 
 
@@ -36,14 +36,8 @@ def agent_base() -> list[str]:
 
 def cpu_rss(pid: int) -> tuple[float, float, float] | None:
     """(CPU seconds, RSS MiB, peak RSS MiB) of a live process (all its threads), None once gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        status = Path(f"/proc/{pid}/status").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    cpu = (int(fields[11]) + int(fields[12])) / _TICK  # utime + stime (fields 14, 15 of stat)
-    kib = {k: int(v.split()[0]) for k, v in re.findall(r"^(VmRSS|VmHWM):\s+(.+)$", status, re.M)}
-    return cpu, kib.get("VmRSS", 0) / 1024, kib.get("VmHWM", 0) / 1024
+    s, peak = proc_stat(pid), peak_rss_mib(pid)
+    return None if s is None or peak is None else (s.cpu_s, s.rss_mib, peak)
 
 
 def wait_gone(pid: int | None, timeout_s: float) -> tuple[float, bool]:

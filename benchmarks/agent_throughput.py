@@ -36,15 +36,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from eacgm_testkit.otlp_store import serve  # noqa: E402
 from probe_overhead import build_loop, find_libraries  # noqa: E402
-
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def _stat(pid: int) -> tuple[str, float, float]:
-    """(state, own CPU seconds, RSS MiB) of a process, zombie or alive."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    rss = int(fields[21]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-    return fields[0], (int(fields[11]) + int(fields[12])) / _TICK, rss
+from proc_stat import proc_stat  # noqa: E402
 
 
 def one_run(tree: Path, endpoint: str, loop: list[str], ringbuf_pages: int, store_count) -> dict:  # noqa: ANN001
@@ -65,10 +57,10 @@ def one_run(tree: Path, endpoint: str, loop: list[str], ringbuf_pages: int, stor
         assert agent.stderr is not None
         for line in agent.stderr:
             if " done: " in line and not exported:  # logged once the queue is closed: every span exported
-                exported.append(_stat(agent.pid)[1])
+                exported.append(proc_stat(agent.pid).cpu_s)
             log.append(line)
             if "launched pid" in line and not start:
-                start.append(_stat(agent.pid)[1])
+                start.append(proc_stat(agent.pid).cpu_s)
                 started.set()
 
     reader = threading.Thread(target=read_stderr, daemon=True)
@@ -79,10 +71,10 @@ def one_run(tree: Path, endpoint: str, loop: list[str], ringbuf_pages: int, stor
     t0 = time.monotonic()
     rss = 0.0
     while True:  # sample RSS until the agent is a zombie: its CPU counters are final then
-        state, cpu, now_rss = _stat(agent.pid)
-        if state == "Z":
+        sample = proc_stat(agent.pid)
+        if sample.state == "Z":
             break
-        rss = max(rss, now_rss)
+        rss = max(rss, sample.rss_mib)
         time.sleep(0.1)
     wall = time.monotonic() - t0
     out, _ = agent.communicate(timeout=60)
@@ -98,7 +90,7 @@ def one_run(tree: Path, endpoint: str, loop: list[str], ringbuf_pages: int, stor
     agent_cpu = exported[0] - start[0]
     return {
         "startup_cpu_s": round(start[0], 2), "agent_cpu_s": round(agent_cpu, 2), "wall_s": round(wall, 2),
-        "cpu_to_exit_s": round(cpu - start[0], 2),
+        "cpu_to_exit_s": round(sample.cpu_s - start[0], 2),
         "received": received, "spans_per_cpu_s": round(received / agent_cpu) if agent_cpu else 0,
         "cpu_s_per_million": round(agent_cpu / max(received, 1) * 1e6, 1), "rss_mib": round(rss, 1),
         "dropped_ringbuf": int(counters.get("dropped_ringbuf", -1)),

@@ -15,7 +15,6 @@ usage: soak.py [--minutes 10] [--ticks-per-s 10000] [--outage-at-s 240] [--outag
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import statistics
 import sys
@@ -30,15 +29,7 @@ import otlp_counter  # noqa: E402
 from agent_proc import AgentProcess  # noqa: E402
 from calls_workload import build, json_lines, rate_command, totals  # noqa: E402
 from collector_proc import CollectorProcess  # noqa: E402
-
-
-def cpu_seconds(pid: int) -> float | None:
-    """utime + stime of a live process."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+from proc_stat import proc_stat  # noqa: E402
 
 
 def phase_rss(agent: AgentProcess, start: float, end: float) -> str:
@@ -91,7 +82,7 @@ def main() -> int:
             collector.start()
             up_at = now
             print(f"{now - t0:6.0f}s  Collector restarted", flush=True)
-        cpu = cpu_seconds(agent.pid) or cpu
+        cpu = sample.cpu_s if (sample := proc_stat(agent.pid)) is not None else cpu
         if now >= next_line:
             next_line += 10
             s = agent.stats()
