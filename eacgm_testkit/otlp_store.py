@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from typing import Any
 
@@ -94,51 +94,46 @@ class Store(trace_service_pb2_grpc.TraceServiceServicer, metrics_service_pb2_grp
         return wait_until(predicate, timeout_s)
 
 
+def _items(resources, scopes: str, items: str) -> Iterator[tuple[dict, Any, Any]]:  # noqa: ANN001
+    """(resource attributes, scope, item) of every item of a request's resource/scope nesting:
+    resource_spans/scope_spans/spans, resource_metrics/scope_metrics/metrics, resource_logs/..."""
+    for r in resources:
+        res = attrs(r.resource.attributes)
+        for sc in getattr(r, scopes):
+            for item in getattr(sc, items):
+                yield res, sc.scope, item
+
+
 def _span_dicts(req: trace_service_pb2.ExportTraceServiceRequest) -> list[dict]:
     """A request's spans as the dicts tests read (see Store.spans)."""
-    out = []
-    for rs in req.resource_spans:
-        res = attrs(rs.resource.attributes)
-        for ss in rs.scope_spans:
-            for s in ss.spans:
-                out.append({
-                    "name": s.name, "trace_id": s.trace_id.hex(), "span_id": s.span_id.hex(),
-                    "parent_span_id": s.parent_span_id.hex(), "start": s.start_time_unix_nano,
-                    "end": s.end_time_unix_nano, "attributes": attrs(s.attributes),
-                    "status_code": s.status.code, "status_message": s.status.message,
-                    "resource": res, "scope": ss.scope.name,
-                })
-    return out
+    return [{"name": s.name, "trace_id": s.trace_id.hex(), "span_id": s.span_id.hex(),
+             "parent_span_id": s.parent_span_id.hex(), "start": s.start_time_unix_nano,
+             "end": s.end_time_unix_nano, "attributes": attrs(s.attributes),
+             "status_code": s.status.code, "status_message": s.status.message,
+             "resource": res, "scope": scope.name}
+            for res, scope, s in _items(req.resource_spans, "scope_spans", "spans")]
 
 
 def _point_dicts(req: metrics_service_pb2.ExportMetricsServiceRequest) -> list[dict]:
     """A request's metric data points as dicts (see Store.metric_points)."""
     out = []
-    for rm in req.resource_metrics:
-        res = attrs(rm.resource.attributes)
-        for sm in rm.scope_metrics:
-            for m in sm.metrics:
-                kind = m.WhichOneof("data")
-                for p in getattr(m, kind).data_points:
-                    value = (p.as_int if p.WhichOneof("value") == "as_int" else p.as_double) \
-                        if kind in ("sum", "gauge") else {"count": p.count, "sum": p.sum}
-                    out.append({"name": m.name, "resource": res, "attributes": attrs(p.attributes),
-                                "value": value, "time": p.time_unix_nano})
+    for res, _scope, m in _items(req.resource_metrics, "scope_metrics", "metrics"):
+        kind = m.WhichOneof("data")
+        for p in getattr(m, kind).data_points:
+            value = (p.as_int if p.WhichOneof("value") == "as_int" else p.as_double) \
+                if kind in ("sum", "gauge") else {"count": p.count, "sum": p.sum}
+            out.append({"name": m.name, "resource": res, "attributes": attrs(p.attributes),
+                        "value": value, "time": p.time_unix_nano})
     return out
 
 
 def _log_dicts(req: logs_service_pb2.ExportLogsServiceRequest) -> list[dict]:
     """A request's log records as dicts (see Store.log_records)."""
-    out = []
-    for rl in req.resource_logs:
-        res = attrs(rl.resource.attributes)
-        for sl in rl.scope_logs:
-            for r in sl.log_records:
-                out.append({"event_name": r.event_name, "severity_text": r.severity_text,
-                            "body": any_value(r.body), "attributes": attrs(r.attributes),
-                            "trace_id": r.trace_id.hex(), "span_id": r.span_id.hex(),
-                            "time": r.time_unix_nano, "resource": res})
-    return out
+    return [{"event_name": r.event_name, "severity_text": r.severity_text,
+             "body": any_value(r.body), "attributes": attrs(r.attributes),
+             "trace_id": r.trace_id.hex(), "span_id": r.span_id.hex(),
+             "time": r.time_unix_nano, "resource": res}
+            for res, _scope, r in _items(req.resource_logs, "scope_logs", "log_records")]
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float) -> bool:
