@@ -51,7 +51,7 @@ def run(layer: str, python: str, steps: int, extra: list[str], spans_out: Path |
     proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OTEL_EACGM_METRICS_INTERVAL_S="1", PYTHONPATH=f"{REPO}:{os.environ.get('PYTHONPATH', '')}"))
     print(f"\n## launch layer {layer}: agent exit {proc.returncode}, {time.time() - t0:.1f} s")
     for line in proc.stderr.splitlines():
-        if re.search(r"attached|ready:|done:|not in this version|ERROR|Traceback", line):
+        if re.search(r"attached|ready:|done:|short-lived|not in this version|ERROR|Traceback", line):
             print("    " + line.split(" otel-eacgm ", 1)[-1][:300])
     if proc.returncode != 0:
         print(proc.stderr[-4000:])
