@@ -17,6 +17,16 @@ WORKLOAD = str(REPO / "tests/workloads/cuda_nccl_calls.py")
 PYTHON = sys.executable
 
 
+_CTRL_C_ARMED = "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execvp(sys.argv[1], sys.argv[1:])"
+
+
+def ctrl_c_armed(cmd: list[str]) -> list[str]:
+    """`cmd` with SIGINT at its default, as at a terminal, for a test that sends it Ctrl-C. A suite
+    started in the background (`.ci/run &`, nohup) ignores SIGINT, every child inherits that, and
+    Python then installs no KeyboardInterrupt handler: the Ctrl-C would be lost."""
+    return [sys.executable, "-c", _CTRL_C_ARMED, *cmd]
+
+
 def agent_cmd(endpoint: str, *extra: str) -> list[str]:
     """The agent's command line for a test (insecure gRPC to the test collector by default)."""
     return [*AGENT, "--endpoint", endpoint, "--insecure", *extra]

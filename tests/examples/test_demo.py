@@ -20,6 +20,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
 
+from agent_run import ctrl_c_armed  # noqa: E402
 from loopback import free_port  # noqa: E402
 
 pytestmark = pytest.mark.ebpf
@@ -29,10 +30,11 @@ def test_the_demo_names_the_anomaly_and_keeps_jaeger_up_in_a_terminal() -> None:
     ui_port = free_port()
     terminal, stdin = pty.openpty()  # stdin is a terminal, as in `make demo` at a shell
     # every port free: a Zipkin or VictoriaLogs already on its default port must not answer for this one
-    demo = subprocess.Popen([sys.executable, str(REPO / "examples/demo.py"), "--workload", "cuda-steps",
-                             "--ui-port", str(ui_port), "--zipkin-port", str(free_port()),
-                             "--victorialogs-port", str(free_port())], stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, cwd=REPO, env={k: v for k, v in os.environ.items() if not k.startswith("OTEL_")})
+    demo = subprocess.Popen(ctrl_c_armed([sys.executable, str(REPO / "examples/demo.py"), "--workload", "cuda-steps",
+                                          "--ui-port", str(ui_port), "--zipkin-port", str(free_port()),
+                                          "--victorialogs-port", str(free_port())]),
+                            stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+                            env={k: v for k, v in os.environ.items() if not k.startswith("OTEL_")})
     os.close(stdin)
     lines: list[str] = []
     try:

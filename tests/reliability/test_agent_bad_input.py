@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_run import AGENT, PYTHON, WORKLOAD, agent_cmd, summary
+from agent_run import AGENT, PYTHON, WORKLOAD, agent_cmd, ctrl_c_armed, summary
 
 ENDPOINT = "http://127.0.0.1:9"  # nothing listens: these runs must fail before any export
 
@@ -137,7 +137,8 @@ def test_a_traced_pid_that_exits_is_not_traced_again_when_a_stranger_reuses_it(p
 def test_ctrl_c_while_starting_exits_130_in_one_line(after_s: float) -> None:
     """Ctrl-C during the seconds BCC compiles used to print a KeyboardInterrupt traceback, and
     now and then was swallowed on its way up: the agent then ran the command and exited 0."""
-    proc = subprocess.Popen([*agent_cmd(ENDPOINT), "--", PYTHON, "-c", "pass"], stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(ctrl_c_armed([*agent_cmd(ENDPOINT), "--", PYTHON, "-c", "pass"]), stderr=subprocess.PIPE,
+                            text=True)
     time.sleep(after_s)  # compiling: the BPF program takes several seconds
     proc.send_signal(2)
     _, err = proc.communicate(timeout=60)
