@@ -149,11 +149,11 @@ class StartInterrupt:
     """Ctrl-C while the agent starts (BCC compiles for seconds).
 
     Python's own handler raises KeyboardInterrupt wherever the interpreter happens to be, and
-    some places there swallow it: a bare `except:` in BCC's loader, a finalizer run by the
-    garbage collector. The agent then started and ran on as if no Ctrl-C had come. This handler
-    raises too (so a compile is cut short where it can be) and also remembers the signal, which
-    the caller checks once start-up returns. After start-up it only remembers: Agent.run
-    installs its own handlers next.
+    code there may swallow it (BCC's loader has bare `except:` clauses; an exception raised in a
+    finalizer is only printed), and the agent would then start and run on as if no Ctrl-C had
+    come. This handler raises too (so a compile is cut short where it can be) and also
+    remembers the signal, which the caller checks once start-up returns. After start-up it only
+    remembers: Agent.run installs its own handlers next.
     """
 
     def __init__(self) -> None:
