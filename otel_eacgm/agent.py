@@ -92,7 +92,7 @@ class Agent:
     frames: FrameSpans | None = None
     frames_idle_s: float = 10.0
     _stop: bool = False
-    _hold_guard: subprocess.Popen | None = None
+    _hold_guard: subprocess.Popen | None = None  # kept, not read: it outlives the agent on purpose
 
     def stop(self, *_args: object) -> None:
         """Ask the loop to finish (signal handler)."""

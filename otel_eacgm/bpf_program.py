@@ -149,6 +149,20 @@ def import_bcc() -> Any:  # noqa: ANN401 - bcc has no type information
     return bcc
 
 
+def u32_map_keys(map_fd: int) -> list[int]:
+    """The keys of the BPF hash map `map_fd` keyed by u32, read through its fd alone (the hold
+    guard holds that and nothing of the agent's BPF object)."""
+    lib = import_bcc().libbcc.lib
+    keys: list[int] = []
+    key, next_key = ctypes.c_uint32(), ctypes.c_uint32()
+    prev = None
+    while lib.bpf_get_next_key(map_fd, prev, ctypes.byref(next_key)) == 0:
+        keys.append(next_key.value)
+        key.value = next_key.value
+        prev = ctypes.byref(key)
+    return keys
+
+
 def compile_program(src: Path, cflags: Sequence[str], *, dump: Callable[[str], None] | None = None,
                     hint: str = "Run `otel-eacgm doctor` (kernel headers, root, BPF).") -> Any:  # noqa: ANN401
     """Compile and load the BPF C file `src` (BCC's BPF object); BpfError names the file.

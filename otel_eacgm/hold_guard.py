@@ -16,7 +16,6 @@ usage (started by the agent): python -m otel_eacgm.hold_guard AGENT_PID MAP_FD
 
 from __future__ import annotations
 
-import ctypes
 import os
 import select
 import signal
@@ -37,20 +36,6 @@ def start(map_fd: int) -> subprocess.Popen:
                             start_new_session=True)
 
 
-def held_pids(map_fd: int) -> list[int]:
-    """The pids on the held map (keys of a BPF hash map of u32)."""
-    from bcc.libbcc import lib  # type: ignore[import-not-found]
-
-    pids: list[int] = []
-    key, next_key = ctypes.c_uint32(), ctypes.c_uint32()
-    prev = None
-    while lib.bpf_get_next_key(map_fd, prev, ctypes.byref(next_key)) == 0:
-        pids.append(next_key.value)
-        key.value = next_key.value
-        prev = ctypes.byref(key)
-    return pids
-
-
 def stopped(pid: int) -> bool:
     """Whether `pid` is in the stopped state (T), as a held process is."""
     try:
@@ -63,7 +48,9 @@ def stopped(pid: int) -> bool:
 def continue_left(agent_pid: int, map_fd: int) -> list[int]:
     """Continue the held processes the agent left stopped; the pids continued."""
     continued = []
-    for pid in held_pids(map_fd):
+    from otel_eacgm.bpf_program import u32_map_keys  # the BCC boundary, imported once there is work
+
+    for pid in u32_map_keys(map_fd):
         if stopped(pid):
             try:
                 os.kill(pid, signal.SIGCONT)
