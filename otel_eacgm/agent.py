@@ -153,6 +153,10 @@ class Agent:
         self.queue.close(timeout_s=1.0)
         self.meters.shutdown()
         self.host_metrics.close()
+        self._release_kernel_side()
+
+    def _release_kernel_side(self) -> None:
+        """The pause cycle's log, the probes, the BPF program and the symbol caches: last."""
         if self.pause is not None:
             self.pause.close()
         self.links.release()
@@ -183,9 +187,5 @@ class Agent:
         self.meters.shutdown()  # a last collection reads the host sources, so they close after it
         self.host_metrics.close()
         log.info("done: %s", self.telemetry.summary())
-        if self.pause is not None:
-            self.pause.close()
-        self.links.release()
-        self.program.close()
-        self.discovery.symbols.close()
+        self._release_kernel_side()
         return self.launcher.exit_status() if self.launcher is not None else 0

@@ -24,6 +24,7 @@ from otel_eacgm.events import ExecEvent, LibOpenEvent
 from otel_eacgm.kernel_names import KernelNames
 from otel_eacgm.probes.libraries import all_pids, cgroup_pids, family_of, libraries_of, resolve
 from otel_eacgm.process_symbols import ProcessSymbols
+from otel_eacgm.procfs import stat_fields
 from otel_eacgm.resources import process_resource
 
 log = logging.getLogger(__name__)
@@ -34,11 +35,8 @@ RESCAN_DELAYS_S = (0.0, 0.05, 0.3, 1.0)
 
 def start_time(pid: int) -> int | None:
     """When `pid` started (clock ticks after boot, /proc/PID/stat field 22); None once it is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
+    fields = stat_fields(pid)
+    return int(fields[19]) if fields is not None else None
 
 
 class Discovery:

@@ -24,6 +24,8 @@ import sys
 import time
 from collections.abc import Sequence
 
+from otel_eacgm.procfs import stat_fields
+
 SETTLE_S = 0.05
 """After the agent's exit, time for a stop already under way on another CPU to be written: the
 agent's probe links were closed before its exit was signalled, so no new stop begins."""
@@ -38,11 +40,8 @@ def start(map_fd: int) -> subprocess.Popen:
 
 def stopped(pid: int) -> bool:
     """Whether `pid` is in the stopped state (T), as a held process is."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "T"
-    except (OSError, IndexError):
-        return False
+    fields = stat_fields(pid)
+    return fields is not None and fields[0] == "T"
 
 
 def continue_left(agent_pid: int, map_fd: int) -> list[int]:
