@@ -47,8 +47,11 @@ def test_a_high_rate_tiny_operator_is_shed_and_said_so(pipeline) -> None:  # noq
     assert done["shed_ops"] == 1
     # the shed operator's calls made between its entry and exit re-links, and the kept operator's
     # returns seen by both exit links while they overlap, come back without entries: in the
-    # shed's gap they are cycled_returns, not unmatched_returns (the loop started before any shed)
-    assert done["cycled_returns"] > 0 and done["unmatched_returns"] == 0, done
+    # shed's gap they are cycled_returns, not unmatched_returns. A few unmatched ones may come from
+    # the attach itself (a call in flight when a rescan links the library: design.md), as in
+    # test_guardrail_operators; before the gap was held here they were thousands, cycled none
+    assert done["cycled_returns"] > 0, done
+    assert done["unmatched_returns"] <= max(5, done["cycled_returns"] // 20), done
 
     def gauge() -> dict[str, float]:
         return {p["attributes"]["code.function.name"]: p["value"] for p in pipeline.store.metric_points()
